@@ -1,0 +1,56 @@
+# Every target installs what it needs first: on a fresh clone `make demo` and
+# `make test` are each the only command to run.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install test demo dev up status down migrate bench-writeback bench-workqueue bench-chaos lock clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "installing nexus-pipelines into $(VENV) (pinned by constraints.txt)..."
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+demo: $(STAMP)
+	$(BIN)/nexus-pipelines demo
+
+dev: $(STAMP)
+	$(BIN)/nexus-pipelines local up
+	. .nexus_local/env && $(BIN)/dagster dev -w workspace.yaml
+
+up: $(STAMP)
+	$(BIN)/nexus-pipelines local up
+
+status: $(STAMP)
+	$(BIN)/nexus-pipelines local status
+
+down: $(STAMP)
+	$(BIN)/nexus-pipelines local down
+
+migrate: $(STAMP)
+	. .nexus_local/env && $(BIN)/nexus-pipelines migrate
+
+bench-writeback: $(STAMP)
+	$(BIN)/python bench/writeback.py --rows 100000 --latency-ms 200
+
+bench-workqueue: $(STAMP)
+	$(BIN)/python bench/workqueue.py --items 20000 --workers 4
+
+bench-chaos: $(STAMP)
+	$(BIN)/python bench/workqueue_chaos.py
+
+# Refresh the pins after changing dependencies in pyproject.toml.
+lock: $(STAMP)
+	$(BIN)/python -m pip freeze --exclude-editable | grep -v '^nexus-pipelines' > constraints.txt
+
+clean:
+	-$(BIN)/nexus-pipelines local down
+	rm -rf $(VENV) .nexus_local .pytest_cache

@@ -1,0 +1,1 @@
+"""Dagster code location for NexusCRM writeback, issue intake and durable work queues."""

@@ -1,0 +1,94 @@
+"""`nexus-pipelines`: the operator CLI."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+from nexus_pipelines.settings import load_settings
+
+
+class UserError(click.ClickException):
+    """A one-line error a user can act on (no traceback)."""
+
+
+def _control_dsn() -> str:
+    settings = load_settings()
+    if settings.pg_dsn:
+        return settings.pg_dsn
+    from nexus_pipelines.local.stack import LocalStack
+
+    raise UserError(
+        "NEXUS_PG_DSN is not set: run `nexus-pipelines local up` and `. "
+        f"{LocalStack(settings).env_file}`, or point NEXUS_PG_DSN at your control-plane Postgres"
+    )
+
+
+@click.group()
+def main() -> None:
+    """Writeback, issue intake and durable work queues on one Postgres control plane."""
+
+
+@main.group()
+def local() -> None:
+    """The embedded local stack (Postgres, BigQuery emulator, DAGSTER_HOME)."""
+
+
+@local.command("up")
+def local_up() -> None:
+    """Start or reuse the stack, apply migrations and print where everything runs."""
+    from nexus_pipelines.local.postgres import StackError
+    from nexus_pipelines.local.stack import LocalStack
+
+    started = time.monotonic()
+    try:
+        info = LocalStack(load_settings()).up()
+    except StackError as exc:
+        raise UserError(str(exc)) from exc
+    for line in info.lines():
+        click.echo(line)
+    click.echo(f"ready in {time.monotonic() - started:.1f}s")
+
+
+@local.command("status")
+def local_status() -> None:
+    """Say what of the stack is running."""
+    from nexus_pipelines.local.stack import LocalStack
+
+    for line in LocalStack(load_settings()).status():
+        click.echo(line)
+
+
+@local.command("down")
+def local_down() -> None:
+    """Stop the emulator and the embedded Postgres (their data stays)."""
+    from nexus_pipelines.local.stack import LocalStack
+
+    stopped = LocalStack(load_settings()).down()
+    click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+
+
+@main.command("migrate")
+def migrate() -> None:
+    """Apply pending control-plane migrations to NEXUS_PG_DSN."""
+    from nexus_pipelines.control.migrations import MigrationError, apply_migrations
+
+    try:
+        applied = apply_migrations(_control_dsn())
+    except MigrationError as exc:
+        raise UserError(str(exc)) from exc
+    click.echo("applied: " + ", ".join(applied) if applied else "migrations are up to date")
+
+
+@main.command("demo")
+def demo() -> None:
+    """Bring the local stack up and show what runs where."""
+    from nexus_pipelines.local.demo import run_demo
+
+    sys.exit(run_demo(click.echo))
+
+
+if __name__ == "__main__":
+    main()

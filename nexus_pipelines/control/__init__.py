@@ -1,0 +1,1 @@
+"""The PostgreSQL control plane shared by all domains: pool, migrations, fenced leases."""

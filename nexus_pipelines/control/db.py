@@ -1,0 +1,29 @@
+"""Connections to the control-plane Postgres.
+
+Every connection has `search_path` set to the control schema, so SQL in this
+project names tables without a schema prefix and a deployment can choose its own
+schema name.
+"""
+
+from __future__ import annotations
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from nexus_pipelines.settings import CONTROL_SCHEMA
+
+
+def connect_kwargs(schema: str = CONTROL_SCHEMA) -> dict:
+    return {"options": f"-c search_path={schema},public -c timezone=UTC"}
+
+
+def connect(dsn: str, *, schema: str = CONTROL_SCHEMA, autocommit: bool = True) -> Connection:
+    return Connection.connect(dsn, autocommit=autocommit, **connect_kwargs(schema))
+
+
+def make_pool(dsn: str, *, schema: str = CONTROL_SCHEMA, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
+    """A pool of autocommit connections; use `with conn.transaction():` for atomic work."""
+    kwargs = {"autocommit": True, **connect_kwargs(schema)}
+    pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="nexus-control")
+    pool.open(wait=True, timeout=30)
+    return pool

@@ -1,0 +1,1 @@
+"""Transport-only clients for the systems the project talks to."""

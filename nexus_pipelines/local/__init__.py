@@ -1,0 +1,1 @@
+"""The embedded local stack: Postgres, the BigQuery emulator, simulators and the demo."""

@@ -1,0 +1,155 @@
+"""The BigQuery emulator (pip `bqemulator`), started so that it works with no internet.
+
+At start the emulator insists on downloading DuckDB's `spatial` extension (GEOGRAPHY
+support). Nothing here uses GEOGRAPHY, so the launcher replaces that step with a
+no-op; the optional avro extension download is switched off the same way. Use
+`InProcessEmulator` in tests (a background thread) and `EmulatorProcess` for the
+local stack (a detached process that outlives the CLI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from nexus_pipelines.local.postgres import StackError
+
+
+def _offline_settings(data_dir: Path, port: int):
+    from bqemulator.config import Settings
+    from bqemulator.storage.engine import DuckDBEngine
+
+    DuckDBEngine._load_spatial = lambda self: None  # GEOGRAPHY is unused; its download fails offline
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return Settings(
+        rest_host="127.0.0.1",
+        rest_port=port,
+        grpc_port=0,
+        persistence_mode="persistent",
+        data_dir=data_dir,
+        enable_format_extensions=False,
+        log_level="warning",
+        metrics_enabled=False,
+    )
+
+
+class InProcessEmulator:
+    """The emulator on a background thread of this process."""
+
+    def __init__(self, data_dir: Path) -> None:
+        from bqemulator.testing._thread_runner import ThreadedEmulator
+
+        self._runner = ThreadedEmulator(_offline_settings(data_dir, 0))
+
+    def start(self) -> str:
+        self._runner.start()
+        return self._runner.server.rest_url
+
+    def stop(self) -> None:
+        self._runner.stop()
+
+
+def is_serving(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/bigquery/v2/projects/probe/datasets", timeout=2).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+class EmulatorProcess:
+    """The emulator as a detached process, found again through its pid and port files."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._pid_file = root / "bigquery.pid"
+        self._port_file = root / "bigquery.port"
+        self.log_file = root / "bigquery.log"
+
+    def url(self) -> str | None:
+        """The endpoint when the emulator is running and answering, else None."""
+        if not self._port_file.exists() or self._pid() is None:
+            return None
+        url = f"http://127.0.0.1:{int(self._port_file.read_text())}"
+        return url if is_serving(url) else None
+
+    def start(self, timeout_s: float = 90.0) -> str:
+        running = self.url()
+        if running:
+            return running
+        from nexus_pipelines.local.postgres import _free_port
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        port = _free_port()
+        with self.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, "--port", str(port), "--data-dir", str(self.root / "bigquery")],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        self._pid_file.write_text(str(process.pid))
+        self._port_file.write_text(str(port))
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while not is_serving(url):
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise StackError(
+                    f"BigQuery emulator did not start on {url}; see {self.log_file} "
+                    "(is bqemulator installed with duckdb>=2.0.1? run `make install`)"
+                )
+            time.sleep(0.25)
+        return url
+
+    def stop(self) -> bool:
+        pid = self._pid()
+        self._pid_file.unlink(missing_ok=True)
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            if not _alive(pid):
+                return True
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        return True
+
+    def _pid(self) -> int | None:
+        if not self._pid_file.exists():
+            return None
+        pid = int(self._pid_file.read_text())
+        return pid if _alive(pid) else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie child of ours still answers kill(0)
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Run the BigQuery emulator offline.")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--data-dir", type=Path, required=True)
+    args = parser.parse_args()
+    from bqemulator.server import run_forever
+
+    run_forever(_offline_settings(args.data_dir, args.port))
+
+
+if __name__ == "__main__":
+    main()

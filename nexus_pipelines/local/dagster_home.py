@@ -1,0 +1,50 @@
+"""The Dagster instance config shared by the local stack and production.
+
+Both use dagster-postgres and the queued run coordinator with the tag
+concurrency limits the jobs rely on. The psycopg2 URL scheme matters: with
+SQLAlchemy 2.1 a plain `postgresql://` URL selects psycopg 3, whose parameter
+style breaks Dagster's `NOTIFY run_events, %(id)s`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import psycopg
+import yaml
+
+# One writeback run per job at a time (the lease also enforces it); bounded drains.
+RUN_TAG_LIMITS = [
+    {"key": "nexus/writeback-job", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
+    {"key": "nexus/queue-drain", "limit": 4},
+    {"key": "nexus/receipt-router", "limit": 2},
+]
+
+
+def instance_config(storage: dict) -> dict:
+    return {
+        "storage": {"postgres": storage},
+        "run_coordinator": {
+            "module": "dagster._core.run_coordinator",
+            "class": "QueuedRunCoordinator",
+        },
+        "concurrency": {"runs": {"max_concurrent_runs": 10, "tag_concurrency_limits": RUN_TAG_LIMITS}},
+        "telemetry": {"enabled": False},
+    }
+
+
+def sqlalchemy_url(dsn: str) -> str:
+    """A `postgresql+psycopg2://` URL for the server and database of a libpq DSN."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    user = params.get("user", "postgres")
+    password = f":{params['password']}" if params.get("password") else ""
+    host = params.get("host", "127.0.0.1")
+    port = params.get("port", "5432")
+    return f"postgresql+psycopg2://{user}{password}@{host}:{port}/{params.get('dbname', 'postgres')}"
+
+
+def write_local_home(home: Path, dsn: str) -> Path:
+    home.mkdir(parents=True, exist_ok=True)
+    path = home / "dagster.yaml"
+    path.write_text(yaml.safe_dump(instance_config({"postgres_url": sqlalchemy_url(dsn)}), sort_keys=False))
+    return path

@@ -1,0 +1,97 @@
+"""`nexus-pipelines local up|status|down`: the embedded stack on one machine.
+
+`up` starts (or reuses) Postgres and the BigQuery emulator, applies the control
+migrations, writes a DAGSTER_HOME whose instance lives on the same Postgres, and
+writes `<local_dir>/env`, a shell file with the variables the CLI, the UI and the
+tests need. With NEXUS_PG_DSN set, that server is used instead of the embedded one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_pipelines.control.migrations import apply_migrations
+from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
+from nexus_pipelines.local.dagster_home import write_local_home
+from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database
+from nexus_pipelines.settings import NexusSettings
+
+DATABASE = "nexus"
+
+
+@dataclass(frozen=True)
+class StackInfo:
+    pg_dsn: str
+    pg_embedded: bool
+    bq_emulator_url: str
+    dagster_home: Path
+    env_file: Path
+    migrations_applied: list[str]
+
+    def lines(self) -> list[str]:
+        source = "embedded" if self.pg_embedded else "NEXUS_PG_DSN"
+        return [
+            f"postgres       {self.pg_dsn}  ({source})",
+            f"bigquery       {self.bq_emulator_url}  (emulator)",
+            f"dagster home   {self.dagster_home}",
+            f"migrations     {len(self.migrations_applied)} applied now" if self.migrations_applied else "migrations     up to date",
+            f"environment    . {self.env_file}",
+        ]
+
+
+class LocalStack:
+    def __init__(self, settings: NexusSettings) -> None:
+        self.settings = settings
+        self.root = settings.local_dir
+        self.postgres = EmbeddedPostgres(self.root / "postgres")
+        self.emulator = EmulatorProcess(self.root / "emulator")
+        self.dagster_home = self.root / "dagster_home"
+        self.env_file = self.root / "env"
+
+    def up(self) -> StackInfo:
+        embedded = self.settings.pg_dsn is None
+        if embedded:
+            server = self.postgres.start()
+            ensure_database(server.dsn(), DATABASE)
+            dsn = server.dsn(DATABASE)
+        else:
+            dsn = self.settings.pg_dsn
+        applied = apply_migrations(dsn)
+        bq_url = self.emulator.start()
+        write_local_home(self.dagster_home, dsn)
+        self._write_env(dsn, bq_url)
+        return StackInfo(dsn, embedded, bq_url, self.dagster_home, self.env_file, applied)
+
+    def status(self) -> list[str]:
+        pg = self.postgres.info()
+        pg_line = f"postgres       running {pg.dsn(DATABASE)}" if pg else "postgres       stopped"
+        if self.settings.pg_dsn:
+            pg_line = f"postgres       {self.settings.pg_dsn} (NEXUS_PG_DSN)"
+        bq = self.emulator.url()
+        return [
+            pg_line,
+            f"bigquery       running {bq}" if bq else "bigquery       stopped",
+            f"dagster home   {self.dagster_home}" + ("" if (self.dagster_home / "dagster.yaml").exists() else " (not written)"),
+        ]
+
+    def down(self) -> list[str]:
+        stopped = []
+        if self.emulator.stop():
+            stopped.append("bigquery emulator")
+        if self.settings.pg_dsn is None and self.postgres.stop():
+            stopped.append("postgres")
+        return stopped
+
+    def _write_env(self, dsn: str, bq_url: str) -> None:
+        self.env_file.write_text(
+            "\n".join(
+                [
+                    f"export NEXUS_PG_DSN='{dsn}'",
+                    f"export NEXUS_BQ_EMULATOR_URL='{bq_url}'",
+                    f"export NEXUS_BQ_PROJECT='{self.settings.bq_project}'",
+                    f"export DAGSTER_HOME='{self.dagster_home}'",
+                    "",
+                ]
+            )
+        )

@@ -1,0 +1,39 @@
+"""Environment settings shared by the CLI, the Dagster resources and the local stack.
+
+Every variable is read from the environment (or a `.env` file in the working
+directory); none of them holds a secret value: CRM and provider credentials are
+referenced by the *names* of their environment variables in job configs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONTROL_SCHEMA = "nexus_control"
+
+
+class NexusSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="NEXUS_", extra="ignore", frozen=True)
+
+    pg_dsn: str | None = Field(
+        default=None,
+        description="libpq DSN of the control-plane Postgres; unset means the embedded server.",
+    )
+    local_dir: Path = Field(
+        default=PROJECT_ROOT / ".nexus_local",
+        description="Where the embedded stack keeps Postgres data, emulator data and DAGSTER_HOME.",
+    )
+    bq_project: str = Field(default="nexus-local", description="BigQuery project for queries and jobs.")
+    bq_location: str = Field(default="US", description="BigQuery location for query jobs.")
+    bq_emulator_url: str | None = Field(
+        default=None,
+        description="BigQuery emulator endpoint; unset means real BigQuery with Application Default Credentials.",
+    )
+
+
+def load_settings() -> NexusSettings:
+    return NexusSettings()
