@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from psycopg import sql
+from psycopg import Connection, sql
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.settings import CONTROL_SCHEMA, PROJECT_ROOT
@@ -86,6 +86,18 @@ def apply_migrations(dsn: str, *, schema: str = CONTROL_SCHEMA, directory: Path 
             )
             applied_now.append(migration.path.name)
     return applied_now
+
+
+def check_up_to_date(conn: Connection, directory: Path = MIGRATIONS_DIR) -> None:
+    """Refuse to work against a control plane that is behind, or whose applied files were edited."""
+    if conn.execute("SELECT to_regclass('schema_migrations')").fetchone() == (None,):
+        raise MigrationError("the control plane has no migrations applied: run `nexus-pipelines migrate`")
+    recorded = dict(conn.execute("SELECT version, checksum FROM schema_migrations").fetchall())
+    for migration in discover(directory):
+        if migration.version not in recorded:
+            raise MigrationError(f"migration {migration.path.name} is not applied: run `nexus-pipelines migrate`")
+        if recorded[migration.version] != migration.checksum:
+            raise MigrationError(f"applied migration {migration.path.name} differs from the file in this release")
 
 
 def applied_versions(dsn: str, *, schema: str = CONTROL_SCHEMA) -> list[int]:

@@ -11,6 +11,7 @@ from psycopg_pool import ConnectionPool
 from pydantic import Field, PrivateAttr
 
 from nexus_pipelines.control.db import make_pool
+from nexus_pipelines.control.migrations import check_up_to_date
 from nexus_pipelines.settings import CONTROL_SCHEMA
 
 
@@ -31,7 +32,14 @@ class ControlPlaneResource(ConfigurableResource):
 
     def pool(self) -> ConnectionPool:
         if self._pool is None:
-            self._pool = make_pool(self.dsn, schema=self.control_schema, max_size=self.pool_max_size)
+            pool = make_pool(self.dsn, schema=self.control_schema, max_size=self.pool_max_size)
+            try:
+                with pool.connection() as conn:
+                    check_up_to_date(conn)
+            except Exception:
+                pool.close()
+                raise
+            self._pool = pool
         return self._pool
 
     @contextmanager

@@ -69,3 +69,35 @@ def test_badly_named_files_are_refused(tmp_path):
     (tmp_path / "1_init.sql").write_text("SELECT 1;")
     with pytest.raises(MigrationError, match="NNNN_snake_name.sql"):
         discover(tmp_path)
+
+
+def test_the_resource_refuses_a_control_plane_that_is_behind_or_edited(empty_dsn, tmp_path, monkeypatch):
+    from nexus_pipelines.control import migrations
+    from nexus_pipelines.control.resources import ControlPlaneResource
+
+    resource = ControlPlaneResource(dsn=empty_dsn)
+    with pytest.raises(MigrationError, match="no migrations applied"):
+        resource.pool()
+    apply_migrations(empty_dsn)
+    with resource.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+    resource.close()
+
+    directory = _copy_migrations(tmp_path)
+    (directory / "9997_pending.sql").write_text("SELECT 1;")
+    monkeypatch.setattr(migrations, "MIGRATIONS_DIR", directory)
+    with connect(empty_dsn) as conn:
+        with pytest.raises(MigrationError, match="9997_pending.sql is not applied"):
+            migrations.check_up_to_date(conn, directory)
+
+
+def test_the_migrate_command_applies_and_reports(empty_dsn, monkeypatch):
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    monkeypatch.setenv("NEXUS_PG_DSN", empty_dsn)
+    first = CliRunner().invoke(main, ["migrate"])
+    assert first.exit_code == 0 and first.output.startswith("applied: 0001_fenced_leases.sql")
+    second = CliRunner().invoke(main, ["migrate"])
+    assert second.exit_code == 0 and "up to date" in second.output
