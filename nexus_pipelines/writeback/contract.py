@@ -1,0 +1,71 @@
+"""The minimal job contract of seed 004 section 5 and the run exit policy of section 11."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+RunStatus = Literal["succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running"]
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    {"succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running"}
+)
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # infrastructure, auth, schema, source or lease failures
+EXIT_RECORD_ERRORS = 2  # remaining retryable failures, or new/payload-changed permanent failures
+
+
+@dataclass(frozen=True)
+class JobContext:
+    run_id: str
+    started_at: datetime
+    dry_run: bool
+    # Operational replay options (section 5); all off for a scheduled run.
+    external_ids: tuple[str, ...] = ()
+    retry_failed: bool = False
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class JobResult:
+    status: RunStatus
+    selected: int
+    unchanged: int
+    succeeded: int
+    retryable_failed: int
+    permanently_failed: int
+    # Beyond the seed's minimum: what the exit policy and the run metadata need.
+    new_permanent_failures: int = 0
+    blocking_failures: int = 0
+    deferred: int = 0  # retryable rows whose next_retry_at lies in the future
+    would_write: int = 0  # dry runs: rows a real run would send
+    batches: int = 0
+    crm_calls: int = 0
+    error_message: str | None = None
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code(self)
+
+
+def exit_code(result: JobResult) -> int:
+    """Section 11: 0 for succeeded, dry_run and skipped_already_running; non-zero for
+    failures, remaining retryable failures and new or payload-changed permanent ones.
+    Unchanged permanent failures (skipped rows) never re-alert."""
+    if result.status == "failed":
+        return EXIT_FAILED
+    if result.status in ("succeeded", "dry_run", "skipped_already_running"):
+        return EXIT_OK
+    if result.retryable_failed or result.deferred or result.new_permanent_failures or result.blocking_failures:
+        return EXIT_RECORD_ERRORS
+    return EXIT_OK
+
+
+class Job(Protocol):
+    name: str
+
+    def validate(self, context: JobContext) -> None: ...
+
+    def run(self, context: JobContext) -> JobResult: ...

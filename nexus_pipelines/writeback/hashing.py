@@ -1,0 +1,55 @@
+"""The canonical payload hash of seed 004 section 8.
+
+sha256(UTF8(JSON(sort_keys=true, normalized values))) over the target object, the
+external ID field and value, and the owned payload. Run IDs, job timestamps and
+OAuth metadata never enter it. Values must already be normalized by the mapper
+(str, int, bool, None, Decimal; timestamps as UTC ISO-8601 strings); a float or
+any other type is refused, so a binary float can never leak into the hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+
+class HashInputError(TypeError):
+    pass
+
+
+def canonical_value(value: Any) -> Any:
+    if value is None or isinstance(value, (str, bool)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise HashInputError("a decimal payload value must be finite")
+        # Decimal text keeps the declared scale ("12.50" stays "12.50"): exact, no float.
+        return format(value, "f")
+    if isinstance(value, float):
+        raise HashInputError("float payload values are not allowed; normalize to Decimal")
+    raise HashInputError(f"payload values must be normalized scalars, got {type(value).__name__}")
+
+
+def canonical_json(target_object: str, external_id_field: str, external_id: str, payload: Mapping[str, Any]) -> str:
+    document = {
+        "object": target_object,
+        "external_id_field": external_id_field,
+        "external_id": external_id,
+        "payload": {key: canonical_value(value) for key, value in payload.items()},
+    }
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def payload_hash(target_object: str, external_id_field: str, external_id: str, payload: Mapping[str, Any]) -> str:
+    text = canonical_json(target_object, external_id_field, external_id, payload)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def redact_id(external_id: str) -> str:
+    """A short stable digest for logs, where an external ID may identify a customer."""
+    return hashlib.sha256(external_id.encode("utf-8")).hexdigest()[:12]

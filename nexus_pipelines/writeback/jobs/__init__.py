@@ -1,0 +1,1 @@
+"""Writeback jobs, one package each; registered by name in `writeback.registry`."""

@@ -1,0 +1,295 @@
+"""The writeback ledger in the Postgres control plane (seed 004 section 10).
+
+Runs, current record state and append-only attempt evidence. Every API batch is
+persisted in one transaction (attempts appended and record states upserted with
+one set-based statement each, never one statement per record), and that
+transaction also renews the job lease under its fencing token: when the token is
+stale the attempt evidence is still kept, record state is left to the lease's
+current holder, and LeaseLost is raised so the run stops before its next batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from psycopg import Connection
+
+from nexus_pipelines.control import leases
+from nexus_pipelines.control.leases import Lease, LeaseLost
+
+LEASE_PREFIX = "writeback:"
+ATTEMPT_RETENTION = timedelta(days=90)
+RECORD_STATUSES = ("succeeded", "retryable_failed", "permanent_failed")
+
+
+def lease_name(job_name: str) -> str:
+    return f"{LEASE_PREFIX}{job_name}"
+
+
+@dataclass(frozen=True)
+class RecordState:
+    external_id: str
+    payload_hash: str
+    status: str
+    attempt_count: int
+    next_retry_at: datetime | None
+    crm_record_id: str | None
+    error_code: str | None
+
+
+@dataclass(frozen=True)
+class AttemptOutcome:
+    """One record's result in one API batch, ready to persist."""
+
+    external_id: str
+    payload_hash: str
+    source_version: str | None
+    attempt_number: int  # attempts for this payload hash, this one included
+    status: str  # one of RECORD_STATUSES
+    crm_record_id: str | None
+    http_status: int | None
+    error_code: str | None
+    error_message: str | None
+    duration_ms: int | None
+    retry_delay_s: float | None  # retryable only: next_retry_at = now + this
+
+
+@dataclass(frozen=True)
+class BatchCounts:
+    succeeded: int = 0
+    retryable_failed: int = 0
+    permanently_failed: int = 0
+    crm_calls: int = 0
+
+
+_START_RUN = """
+INSERT INTO outbound_runs (job_name, run_id, status, started_at, dry_run, options, lease_token,
+                           selected_rows, unchanged_rows, succeeded_rows, retryable_failed_rows, permanently_failed_rows)
+VALUES (%(job)s, %(run)s, %(status)s, clock_timestamp(), %(dry)s, %(options)s, %(token)s, 0, 0, 0, 0, 0)
+ON CONFLICT (job_name, run_id) DO UPDATE
+   SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, ended_at = NULL, error_message = NULL,
+       dry_run = EXCLUDED.dry_run, options = EXCLUDED.options, lease_token = EXCLUDED.lease_token,
+       selected_rows = 0, unchanged_rows = 0, succeeded_rows = 0, retryable_failed_rows = 0,
+       permanently_failed_rows = 0, batches = 0, crm_calls = 0
+RETURNING started_at
+"""
+
+_SKIPPED_RUN = """
+INSERT INTO outbound_runs (job_name, run_id, status, started_at, ended_at, dry_run, options, error_message)
+VALUES (%(job)s, %(run)s, 'skipped_already_running', clock_timestamp(), clock_timestamp(), %(dry)s, %(options)s, %(message)s)
+ON CONFLICT (job_name, run_id) DO NOTHING
+"""
+
+_READ_STATES = """
+SELECT external_id, payload_hash, status, attempt_count, next_retry_at, crm_record_id, error_code
+  FROM outbound_records
+ WHERE job_name = %s AND target_object = %s AND external_id = ANY(%s)
+"""
+
+_RENEW_IN_TX = """
+UPDATE leases SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s
+ WHERE lease_name = %(name)s AND fencing_token = %(token)s AND expires_at > clock_timestamp()
+RETURNING expires_at
+"""
+
+_APPEND_ATTEMPTS = """
+INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash,
+    attempt_number, status, crm_record_id, http_status, error_code, error_message, duration_ms)
+SELECT clock_timestamp(), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number, u.status,
+       u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
+  FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(numbers)s::bigint[], %(statuses)s::text[],
+              %(crm_ids)s::text[], %(http)s::bigint[], %(codes)s::text[], %(messages)s::text[], %(durations)s::bigint[])
+       AS u(external_id, payload_hash, attempt_number, status, crm_record_id, http_status, error_code,
+            error_message, duration_ms)
+"""
+
+_UPSERT_RECORDS = """
+INSERT INTO outbound_records AS r (job_name, target_object, external_id, payload_hash, source_version, crm_record_id,
+    status, attempt_count, last_attempt_run_id, last_success_run_id, next_retry_at, error_code, error_message, updated_at)
+SELECT %(job)s, %(object)s, u.external_id, u.payload_hash, u.source_version, u.crm_record_id, u.status,
+       u.attempt_number, %(run)s, CASE WHEN u.status = 'succeeded' THEN %(run)s END,
+       CASE WHEN u.status = 'retryable_failed' THEN clock_timestamp() + make_interval(secs => u.retry_s) END,
+       u.error_code, u.error_message, clock_timestamp()
+  FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(versions)s::text[], %(crm_ids)s::text[], %(statuses)s::text[],
+              %(numbers)s::bigint[], %(retry)s::float8[], %(codes)s::text[], %(messages)s::text[])
+       AS u(external_id, payload_hash, source_version, crm_record_id, status, attempt_number, retry_s,
+            error_code, error_message)
+ON CONFLICT (job_name, target_object, external_id) DO UPDATE
+   SET payload_hash = EXCLUDED.payload_hash,
+       source_version = EXCLUDED.source_version,
+       crm_record_id = COALESCE(EXCLUDED.crm_record_id, r.crm_record_id),
+       status = EXCLUDED.status,
+       attempt_count = EXCLUDED.attempt_count,
+       last_attempt_run_id = EXCLUDED.last_attempt_run_id,
+       last_success_run_id = COALESCE(EXCLUDED.last_success_run_id, r.last_success_run_id),
+       next_retry_at = EXCLUDED.next_retry_at,
+       error_code = EXCLUDED.error_code,
+       error_message = EXCLUDED.error_message,
+       updated_at = EXCLUDED.updated_at
+"""
+
+_BUMP_RUN = """
+UPDATE outbound_runs
+   SET succeeded_rows = succeeded_rows + %(ok)s,
+       retryable_failed_rows = retryable_failed_rows + %(retry)s,
+       permanently_failed_rows = permanently_failed_rows + %(perm)s,
+       batches = batches + 1,
+       crm_calls = crm_calls + %(calls)s
+ WHERE job_name = %(job)s AND run_id = %(run)s
+"""
+
+_FINISH_RUN = """
+UPDATE outbound_runs
+   SET status = %(status)s, ended_at = clock_timestamp(), error_message = %(message)s,
+       selected_rows = %(selected)s, unchanged_rows = %(unchanged)s, succeeded_rows = %(succeeded)s,
+       retryable_failed_rows = %(retryable)s, permanently_failed_rows = %(permanent)s,
+       batches = %(batches)s, crm_calls = %(calls)s
+ WHERE job_name = %(job)s AND run_id = %(run)s
+"""
+
+
+class Ledger:
+    """Ledger access for one job and target object over one autocommit connection."""
+
+    def __init__(self, conn: Connection, job_name: str, target_object: str) -> None:
+        self.conn = conn
+        self.job_name = job_name
+        self.target_object = target_object
+
+    # -- lease ------------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, ttl: timedelta) -> Lease | None:
+        return leases.acquire(self.conn, lease_name(self.job_name), run_id, ttl)
+
+    def renew_lease(self, lease: Lease, ttl: timedelta) -> Lease:
+        return leases.renew(self.conn, lease, ttl)
+
+    def release_lease(self, lease: Lease) -> bool:
+        return leases.release(self.conn, lease)
+
+    # -- runs -------------------------------------------------------------------------
+
+    def start_run(self, run_id: str, *, dry_run: bool, options: dict, lease_token: int | None) -> datetime:
+        row = self.conn.execute(
+            _START_RUN,
+            {"job": self.job_name, "run": run_id, "status": "running", "dry": dry_run,
+             "options": json.dumps(options, sort_keys=True), "token": lease_token},
+        ).fetchone()
+        return row[0]
+
+    def record_skipped(self, run_id: str, *, dry_run: bool, options: dict, message: str) -> None:
+        self.conn.execute(
+            _SKIPPED_RUN,
+            {"job": self.job_name, "run": run_id, "dry": dry_run, "options": json.dumps(options, sort_keys=True),
+             "message": message},
+        )
+
+    def set_source(self, run_id: str, source_run_id: str | None, cutoff: datetime | None) -> None:
+        self.conn.execute(
+            "UPDATE outbound_runs SET source_run_id = %s, source_cutoff_at = %s WHERE job_name = %s AND run_id = %s",
+            (source_run_id, cutoff, self.job_name, run_id),
+        )
+
+    def set_selection(self, run_id: str, selected: int, unchanged: int) -> None:
+        self.conn.execute(
+            "UPDATE outbound_runs SET selected_rows = %s, unchanged_rows = %s WHERE job_name = %s AND run_id = %s",
+            (selected, unchanged, self.job_name, run_id),
+        )
+
+    def finish_run(self, run_id: str, status: str, *, selected: int, unchanged: int, succeeded: int, retryable: int,
+                   permanent: int, batches: int, crm_calls: int, error_message: str | None) -> None:
+        self.conn.execute(
+            _FINISH_RUN,
+            {"status": status, "message": error_message, "selected": selected, "unchanged": unchanged,
+             "succeeded": succeeded, "retryable": retryable, "permanent": permanent, "batches": batches,
+             "calls": crm_calls, "job": self.job_name, "run": run_id},
+        )
+
+    def run_row(self, run_id: str) -> dict | None:
+        cur = self.conn.execute(
+            "SELECT * FROM outbound_runs WHERE job_name = %s AND run_id = %s", (self.job_name, run_id)
+        )
+        row = cur.fetchone()
+        return None if row is None else dict(zip([c.name for c in cur.description], row, strict=True))
+
+    # -- records ----------------------------------------------------------------------
+
+    def read_states(self, external_ids: Sequence[str]) -> dict[str, RecordState]:
+        """Current states of these records, in one query (callers pass one page of keys)."""
+        if not external_ids:
+            return {}
+        rows = self.conn.execute(_READ_STATES, (self.job_name, self.target_object, list(external_ids))).fetchall()
+        return {r[0]: RecordState(*r) for r in rows}
+
+    def commit_batch(self, run_id: str, batch_id: str, lease: Lease | None, lease_ttl: timedelta,
+                     outcomes: Sequence[AttemptOutcome], counts: BatchCounts) -> Lease | None:
+        """Persist one API batch atomically; returns the renewed lease. Raises LeaseLost
+        (after committing the attempt evidence) when the fencing token is stale."""
+        o = outcomes
+        attempts = {
+            "job": self.job_name, "run": run_id, "batch": batch_id,
+            "ids": [x.external_id for x in o], "hashes": [x.payload_hash for x in o],
+            "numbers": [x.attempt_number for x in o], "statuses": [x.status for x in o],
+            "crm_ids": [x.crm_record_id for x in o], "http": [x.http_status for x in o],
+            "codes": [x.error_code for x in o], "messages": [x.error_message for x in o],
+            "durations": [x.duration_ms for x in o],
+        }
+        records = {
+            "job": self.job_name, "object": self.target_object, "run": run_id,
+            "ids": attempts["ids"], "hashes": attempts["hashes"], "versions": [x.source_version for x in o],
+            "crm_ids": attempts["crm_ids"], "statuses": attempts["statuses"], "numbers": attempts["numbers"],
+            "retry": [x.retry_delay_s for x in o], "codes": attempts["codes"], "messages": attempts["messages"],
+        }
+        renewed: Lease | None = lease
+        with self.conn.transaction():
+            if lease is not None:
+                row = self.conn.execute(
+                    _RENEW_IN_TX, {"ttl": lease_ttl, "name": lease.name, "token": lease.token}
+                ).fetchone()
+                renewed = None if row is None else Lease(lease.name, lease.owner_id, lease.token, lease.acquired_at, row[0])
+            if o:
+                self.conn.execute(_APPEND_ATTEMPTS, attempts)
+            if lease is None or renewed is not None:
+                if o:
+                    self.conn.execute(_UPSERT_RECORDS, records)
+                self.conn.execute(
+                    _BUMP_RUN,
+                    {"ok": counts.succeeded, "retry": counts.retryable_failed, "perm": counts.permanently_failed,
+                     "calls": counts.crm_calls, "job": self.job_name, "run": run_id},
+                )
+        if lease is not None and renewed is None:
+            raise LeaseLost(
+                f"writeback lease {lease.name!r} was lost (token {lease.token}); batch {batch_id} evidence kept, "
+                "record state left to the current holder"
+            )
+        return renewed
+
+    def record_rows(self, external_ids: Iterable[str] | None = None) -> list[dict]:
+        query = "SELECT * FROM outbound_records WHERE job_name = %s AND target_object = %s"
+        params: list = [self.job_name, self.target_object]
+        if external_ids is not None:
+            query += " AND external_id = ANY(%s)"
+            params.append(list(external_ids))
+        cur = self.conn.execute(query + " ORDER BY external_id", params)
+        names = [c.name for c in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
+
+
+def prune_attempts(conn: Connection, *, retention: timedelta = ATTEMPT_RETENTION, chunk: int = 10_000,
+                   max_chunks: int = 1_000) -> int:
+    """Delete attempt evidence older than the retention, in bounded chunks."""
+    total = 0
+    for _ in range(max_chunks):
+        cur = conn.execute(
+            """DELETE FROM outbound_record_attempts WHERE ctid IN (
+                   SELECT ctid FROM outbound_record_attempts
+                    WHERE attempted_at < clock_timestamp() - %s LIMIT %s)""",
+            (retention, chunk),
+        )
+        total += cur.rowcount
+        if cur.rowcount < chunk:
+            break
+    return total

@@ -1,0 +1,46 @@
+"""The explicit name-to-job registry (seed 004 section 4): no dynamic imports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from nexus_pipelines.settings import PROJECT_ROOT
+from nexus_pipelines.writeback.jobs.month_end_arr import MonthEndArrMapper
+from nexus_pipelines.writeback.mapping import Mapper
+
+
+@dataclass(frozen=True)
+class JobDefinition:
+    name: str
+    description: str
+    mapper_factory: Callable[[], Mapper]
+    config_path: Path  # the production config; `run-job --config` may point elsewhere
+
+    def mapper(self) -> Mapper:
+        return self.mapper_factory()
+
+
+JOBS: dict[str, JobDefinition] = {
+    "month_end_arr": JobDefinition(
+        name="month_end_arr",
+        description="Month End ARR per account and month -> NexusCRM Month_End_ARR__c",
+        mapper_factory=MonthEndArrMapper,
+        config_path=PROJECT_ROOT / "configs" / "jobs" / "month_end_arr.yaml",
+    ),
+}
+
+for _definition in JOBS.values():
+    _definition.mapper_factory().check_declaration()
+
+
+class UnknownJob(KeyError):
+    pass
+
+
+def get_job(name: str) -> JobDefinition:
+    try:
+        return JOBS[name]
+    except KeyError:
+        raise UnknownJob(f"unknown writeback job {name!r}; registered jobs: {', '.join(sorted(JOBS))}") from None

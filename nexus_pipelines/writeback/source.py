@@ -1,0 +1,211 @@
+"""The BigQuery side of a writeback run (seed 004 section 7).
+
+Readiness (exactly one authoritative row), freshness from
+`_outbound_source_as_of_at`, the run-scoped candidate table (materialized once, 24 h
+expiration, deleted in cleanup), set-based null/duplicate key checks, and candidate
+rows streamed by keyset pages in stable `_outbound_external_id` order.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from google.cloud import bigquery
+
+from nexus_pipelines.writeback.mapping import EXTERNAL_ID_COLUMN
+
+READINESS_COLUMNS: dict[str, str] = {
+    "_outbound_source_run_id": "STRING",
+    "_outbound_source_as_of_at": "TIMESTAMP",
+    "_outbound_source_ready": "BOOL",
+    "_outbound_source_reason": "STRING",
+}
+CANDIDATE_TTL = timedelta(hours=24)
+EXPIRES_LABEL = "nexus_expires_at"
+
+
+class SourceError(RuntimeError):
+    """The source breaks its contract or is not ready; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Readiness:
+    source_run_id: str
+    as_of_at: datetime
+    ready: bool
+    reason: str | None
+
+    def age(self, now: datetime) -> timedelta:
+        return now - self.as_of_at
+
+
+@dataclass
+class WarehouseTimer:
+    """Wall time spent waiting on BigQuery (queries and result pages)."""
+
+    seconds: float = 0.0
+    queries: int = 0
+
+    def add(self, started: float) -> None:
+        self.seconds += time.perf_counter() - started
+        self.queries += 1
+
+
+def _job_config(params: Sequence[Any] = ()) -> bigquery.QueryJobConfig:
+    return bigquery.QueryJobConfig(query_parameters=list(params))
+
+
+def run_readiness(client: bigquery.Client, sql: str, *, location: str | None = None,
+                  timer: WarehouseTimer | None = None) -> Readiness:
+    started = time.perf_counter()
+    result = client.query(sql, job_config=_job_config(), location=location).result()
+    rows = list(result)
+    if timer:
+        timer.add(started)
+    if len(rows) != 1:
+        raise SourceError(f"readiness query must return exactly one row, got {len(rows)}")
+    schema = {f.name: f.field_type.upper() for f in result.schema}
+    problems = []
+    for column, kind in READINESS_COLUMNS.items():
+        got = schema.get(column)
+        if got is None:
+            problems.append(f"column {column} is missing")
+        elif got not in (kind, "BOOLEAN" if kind == "BOOL" else kind):
+            problems.append(f"column {column} is {got}, expected {kind}")
+    if problems:
+        raise SourceError("readiness query breaks the contract: " + "; ".join(problems))
+    row = rows[0]
+    run_id, as_of, ready, reason = (row[c] for c in READINESS_COLUMNS)
+    if not isinstance(run_id, str) or not run_id:
+        raise SourceError("readiness _outbound_source_run_id is null or empty")
+    if not isinstance(as_of, datetime):
+        raise SourceError("readiness _outbound_source_as_of_at is null")
+    if not isinstance(ready, bool):
+        raise SourceError("readiness _outbound_source_ready is null")
+    if as_of.tzinfo is None:
+        as_of = as_of.replace(tzinfo=UTC)
+    return Readiness(run_id, as_of, ready, reason)
+
+
+def freshness_problem(readiness: Readiness, max_age_minutes: int, now: datetime) -> str | None:
+    age = readiness.age(now)
+    if age > timedelta(minutes=max_age_minutes):
+        return (f"source run {readiness.source_run_id} is {int(age.total_seconds() // 60)} minutes old, "
+                f"older than freshness_max_age_minutes={max_age_minutes}")
+    return None
+
+
+def candidate_table_id(project: str, dataset: str, job_name: str, run_id: str) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_]", "_", run_id)[:80]
+    return f"{project}.{dataset}.wb_candidates_{job_name}_{safe}"
+
+
+@dataclass(frozen=True)
+class CandidateTable:
+    table_id: str
+    row_count: int
+    schema: dict[str, str] = field(default_factory=dict)
+
+
+def materialize_candidates(client: bigquery.Client, table_id: str, source_sql: str, *,
+                           external_ids: Sequence[str] = (), location: str | None = None,
+                           timer: WarehouseTimer | None = None) -> CandidateTable:
+    """Run the source query once into the run-scoped table (24 h expiration). With
+    `external_ids`, only those rows are materialized (canary / repair runs)."""
+    project, dataset, _ = table_id.split(".")
+    client.create_dataset(f"{project}.{dataset}", exists_ok=True)
+    hours = int(CANDIDATE_TTL.total_seconds() // 3600)
+    where = ""
+    params: list = []
+    if external_ids:
+        where = f" WHERE {EXTERNAL_ID_COLUMN} IN UNNEST(@external_ids)"
+        params.append(bigquery.ArrayQueryParameter("external_ids", "STRING", sorted(set(external_ids))))
+    ddl = (
+        f"CREATE OR REPLACE TABLE `{table_id}` "
+        f"OPTIONS(expiration_timestamp=TIMESTAMP_ADD(CURRENT_TIMESTAMP(), INTERVAL {hours} HOUR)) AS "
+        f"SELECT * FROM (\n{source_sql.strip().rstrip(';')}\n) AS source{where}"
+    )
+    started = time.perf_counter()
+    client.query(ddl, job_config=_job_config(params), location=location).result()
+    table = client.get_table(table_id)
+    if table.expires is None:
+        # Some endpoints (the local emulator) drop the DDL option: set it again through
+        # the table API and keep the intended expiry as a label that survives either way.
+        expires = datetime.now(UTC) + CANDIDATE_TTL
+        table.expires = expires
+        table.labels = {**(table.labels or {}), EXPIRES_LABEL: str(int(expires.timestamp()))}
+        table = client.update_table(table, ["expires", "labels"])
+    if timer:
+        timer.add(started)
+    schema = {f.name: f.field_type.upper() for f in table.schema}
+    count = table.num_rows
+    if count is None:
+        count = next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{table_id}`").result()))["n"]
+    return CandidateTable(table_id, int(count), schema)
+
+
+def candidate_expiry(client: bigquery.Client, table_id: str) -> datetime | None:
+    """The table's expiration: from BigQuery, else from the label set at creation."""
+    table = client.get_table(table_id)
+    if table.expires is not None:
+        return table.expires
+    label = (table.labels or {}).get(EXPIRES_LABEL)
+    return datetime.fromtimestamp(int(label), UTC) if label else None
+
+
+def drop_candidates(client: bigquery.Client, table_id: str) -> None:
+    client.delete_table(table_id, not_found_ok=True)
+
+
+@dataclass(frozen=True)
+class KeyReport:
+    rows: int
+    null_or_empty: int
+    duplicate_ids: int  # distinct external IDs that occur more than once
+    duplicate_samples: tuple[str, ...]
+
+
+def check_keys(client: bigquery.Client, table_id: str, *, location: str | None = None,
+               timer: WarehouseTimer | None = None, samples: int = 5) -> KeyReport:
+    """Null/empty and duplicate external IDs, with two set-based queries."""
+    started = time.perf_counter()
+    counts = next(iter(client.query(
+        f"SELECT COUNT(*) AS n, "
+        f"COUNTIF({EXTERNAL_ID_COLUMN} IS NULL OR TRIM({EXTERNAL_ID_COLUMN}) = '') AS null_keys "
+        f"FROM `{table_id}`", location=location).result()))
+    dupes = list(client.query(
+        f"SELECT {EXTERNAL_ID_COLUMN} AS id, COUNT(*) AS c FROM `{table_id}` "
+        f"WHERE {EXTERNAL_ID_COLUMN} IS NOT NULL GROUP BY {EXTERNAL_ID_COLUMN} HAVING COUNT(*) > 1 "
+        f"ORDER BY id", location=location).result())
+    if timer:
+        timer.add(started)
+    return KeyReport(int(counts["n"]), int(counts["null_keys"]), len(dupes),
+                     tuple(r["id"] for r in dupes[:samples]))
+
+
+def iter_candidate_pages(client: bigquery.Client, table_id: str, *, page_size: int = 5000,
+                         location: str | None = None, timer: WarehouseTimer | None = None,
+                         max_pages: int = 10_000_000) -> Iterator[list[dict[str, Any]]]:
+    """Candidate rows in `_outbound_external_id` order, one keyset page at a time, so
+    memory holds one page however large the table is."""
+    after: str | None = None
+    for _ in range(max_pages):
+        where = f"WHERE {EXTERNAL_ID_COLUMN} > @after " if after is not None else ""
+        params = [bigquery.ScalarQueryParameter("after", "STRING", after)] if after is not None else []
+        sql = (f"SELECT * FROM `{table_id}` {where}"
+               f"ORDER BY {EXTERNAL_ID_COLUMN} LIMIT {int(page_size)}")
+        started = time.perf_counter()
+        page = [dict(row.items()) for row in client.query(sql, job_config=_job_config(params), location=location).result()]
+        if timer:
+            timer.add(started)
+        if not page:
+            return
+        yield page
+        after = page[-1][EXTERNAL_ID_COLUMN]
+        if len(page) < page_size:
+            return

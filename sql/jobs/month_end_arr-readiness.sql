@@ -1,0 +1,11 @@
+-- Readiness of the Month End ARR source: the latest load of the finance mart, from
+-- the authoritative pipeline_runs metadata (never CURRENT_TIMESTAMP()).
+SELECT
+  r.run_id AS _outbound_source_run_id,
+  r.finished_at AS _outbound_source_as_of_at,
+  r.status = 'succeeded' AS _outbound_source_ready,
+  IF(r.status = 'succeeded', CAST(NULL AS STRING), CONCAT('latest load ', r.run_id, ' is ', r.status)) AS _outbound_source_reason
+FROM `${source_dataset}.pipeline_runs` AS r
+WHERE r.pipeline = 'month_end_arr'
+ORDER BY r.finished_at DESC
+LIMIT 1
