@@ -1,0 +1,562 @@
+"""A stateful NexusCRM simulator: the parts of the Salesforce-compatible REST API v63 the
+writeback uses (OAuth client_credentials, describe, Composite Collections Upsert).
+
+The request handling is one plain function, `handle(state, request)`, over `NexusCrmState`.
+Two thin adapters expose it:
+
+- `build_nexuscrm_app(state)`: a Starlette ASGI app, served over real HTTP with
+  `serve_in_thread` (local stack, benchmarks);
+- `SimulatorTransport(state)`: a sync `httpx.BaseTransport` for tests, with no network.
+  (httpx's ASGITransport is async-only, so it cannot back the sync client.)
+
+Faults are queued with `state.faults.push(...)` and consumed one per upsert call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+import socket
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import Enum
+from functools import partial
+from typing import Any
+from urllib.parse import parse_qs
+
+import anyio
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+API_VERSION = "v63.0"
+MAX_RECORDS = 200
+SERVER_MANAGED_FIELDS = ("Id", "CreatedDate", "LastModifiedDate")
+
+ValidationRule = Callable[[Mapping[str, Any]], str | None]
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """One field of an object's describe; `length` 0 means no length limit."""
+
+    name: str
+    type: str = "string"
+    createable: bool = True
+    updateable: bool = True
+    external_id: bool = False
+    unique: bool = False
+    id_lookup: bool | None = None  # defaults to external_id, as in Salesforce
+    nillable: bool = True
+    length: int = 0
+    precision: int = 0
+    scale: int = 0
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "label": self.name,
+            "type": self.type,
+            "custom": self.name.endswith("__c"),
+            "createable": self.createable,
+            "updateable": self.updateable,
+            "externalId": self.external_id,
+            "unique": self.unique,
+            "idLookup": self.external_id if self.id_lookup is None else self.id_lookup,
+            "nillable": self.nillable,
+            "length": self.length,
+            "precision": self.precision,
+            "scale": self.scale,
+        }
+
+
+class FaultKind(Enum):
+    STATUS = "status"
+    EXPIRE_TOKEN = "expire_token"
+    LOCK_ROWS = "lock_rows"
+    MALFORMED_JSON = "malformed_json"
+    DROP_RESULT = "drop_result"
+    FAIL_AFTER_APPLY = "fail_after_apply"
+    TIMEOUT_AFTER_APPLY = "timeout_after_apply"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    status_code: int = 500
+    retry_after: str | None = None
+    external_ids: frozenset[str] = frozenset()
+    keep_position: bool = True
+    hang_s: float = 0.0
+
+    @classmethod
+    def status(cls, status_code: int, retry_after: int | str | None = None) -> Fault:
+        """Answer with this status and write nothing; `retry_after` is seconds or an HTTP date."""
+        header = None if retry_after is None else str(retry_after)
+        return cls(FaultKind.STATUS, status_code=status_code, retry_after=header)
+
+    @classmethod
+    def expire_token(cls) -> Fault:
+        """Expire every issued token first, so this call gets 401 INVALID_SESSION_ID."""
+        return cls(FaultKind.EXPIRE_TOKEN)
+
+    @classmethod
+    def lock_rows(cls, *external_ids: str) -> Fault:
+        """These records fail with UNABLE_TO_LOCK_ROW; the others are written."""
+        return cls(FaultKind.LOCK_ROWS, external_ids=frozenset(external_ids))
+
+    @classmethod
+    def malformed_json(cls) -> Fault:
+        """Apply the writes, then answer 200 with a truncated JSON body."""
+        return cls(FaultKind.MALFORMED_JSON)
+
+    @classmethod
+    def drop_result(cls, external_id: str, *, keep_position: bool = True) -> Fault:
+        """Apply the writes, then leave this record's result out: as `null` in its slot, or
+        removed from the list (a shorter list) when keep_position is False."""
+        return cls(FaultKind.DROP_RESULT, external_ids=frozenset({external_id}), keep_position=keep_position)
+
+    @classmethod
+    def fail_after_apply(cls, status_code: int = 500) -> Fault:
+        return cls(FaultKind.FAIL_AFTER_APPLY, status_code=status_code)
+
+    @classmethod
+    def timeout_after_apply(cls, hang_s: float = 2.0) -> Fault:
+        """Apply the writes, then never answer in time: over HTTP the server waits `hang_s`
+        (set it above the client's read timeout); in process the transport raises ReadTimeout."""
+        return cls(FaultKind.TIMEOUT_AFTER_APPLY, hang_s=hang_s)
+
+
+class FaultQueue:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[Fault] = deque()
+
+    def push(self, *faults: Fault) -> None:
+        with self._lock:
+            self._queue.extend(faults)
+
+    def pop(self) -> Fault | None:
+        with self._lock:
+            return self._queue.popleft() if self._queue else None
+
+    def pop_if(self, kind: FaultKind) -> Fault | None:
+        with self._lock:
+            return self._queue.popleft() if self._queue and self._queue[0].kind is kind else None
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+
+@dataclass(frozen=True)
+class RequestLogEntry:
+    method: str
+    path: str
+    record_count: int | None
+
+
+@dataclass
+class _Object:
+    name: str
+    fields: dict[str, FieldSpec]
+    key_prefix: str
+    rules: list[ValidationRule] = field(default_factory=list)
+    records: dict[str, dict[str, Any]] = field(default_factory=dict)  # by Id
+    index: dict[str, dict[str, set[str]]] = field(default_factory=dict)  # indexed field -> value -> Ids
+
+    def find(self, field_name: str, value: Any) -> list[str]:
+        if field_name in self.index:
+            return sorted(self.index[field_name].get(str(value), ()))
+        return [rid for rid, rec in self.records.items() if rec.get(field_name) == value]
+
+    def store(self, record_id: str, record: dict[str, Any]) -> None:
+        old = self.records.get(record_id, {})
+        for name, values in self.index.items():
+            if old.get(name) is not None:
+                values[str(old[name])].discard(record_id)
+            if record.get(name) is not None:
+                values.setdefault(str(record[name]), set()).add(record_id)
+        self.records[record_id] = record
+
+
+class NexusCrmState:
+    """Objects, records, tokens, faults and counters of one simulated org. Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        client_id: str = "sim-client-id",
+        client_secret: str = "sim-client-secret",
+        token_ttl_s: float = 3600.0,
+        latency_s: float = 0.0,
+        api_limit: int = 15000,
+    ) -> None:
+        self.client_id = client_id
+        self.client_secret = client_secret
+        self.token_ttl_s = token_ttl_s
+        self.latency_s = latency_s  # added to every call, for benchmarks
+        self.api_limit = api_limit
+        self.faults = FaultQueue()
+        self._lock = threading.RLock()
+        self._objects: dict[str, _Object] = {}
+        self._tokens: dict[str, float] = {}  # token -> monotonic expiry
+        self._calls: Counter[str] = Counter()
+        self._log: list[RequestLogEntry] = []
+        self._api_used = 0
+        self._last_id = 0
+
+    # -- setup by the caller ----------------------------------------------------------
+
+    def define_object(self, name: str, fields: Iterable[FieldSpec], *, key_prefix: str = "a0X") -> None:
+        """Register a custom object; Id, CreatedDate and LastModifiedDate are added as
+        server-managed fields."""
+        managed = {"createable": False, "updateable": False, "nillable": False}
+        specs = {
+            "Id": FieldSpec("Id", type="id", id_lookup=True, length=18, **managed),
+            "CreatedDate": FieldSpec("CreatedDate", type="datetime", **managed),
+            "LastModifiedDate": FieldSpec("LastModifiedDate", type="datetime", **managed),
+        }
+        specs.update({spec.name: spec for spec in fields})
+        indexed = [n for n, s in specs.items() if n != "Id" and (s.unique or s.external_id)]
+        with self._lock:
+            self._objects[name] = _Object(name, specs, key_prefix, index={n: {} for n in indexed})
+
+    def add_validation_rule(self, object_name: str, rule: ValidationRule) -> None:
+        """`rule(record_after_write)` returns an error message to reject the record."""
+        with self._lock:
+            self._objects[object_name].rules.append(rule)
+
+    def expire_tokens(self) -> None:
+        with self._lock:
+            self._tokens = dict.fromkeys(self._tokens, 0.0)
+
+    # -- inspection by tests ----------------------------------------------------------
+
+    def records(self, object_name: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(r) for r in self._objects[object_name].records.values()]
+
+    def get_record(self, object_name: str, field_name: str, value: Any) -> dict[str, Any] | None:
+        with self._lock:
+            obj = self._objects[object_name]
+            ids = obj.find(field_name, value)
+            return dict(obj.records[ids[0]]) if ids else None
+
+    def calls(self) -> dict[str, int]:
+        """Requests per endpoint: token, describe, upsert, unknown."""
+        with self._lock:
+            return dict(self._calls)
+
+    def request_log(self) -> list[RequestLogEntry]:
+        with self._lock:
+            return list(self._log)
+
+    # -- used by the handler ----------------------------------------------------------
+
+    def _note_request(self, endpoint: str, entry: RequestLogEntry) -> None:
+        with self._lock:
+            self._calls[endpoint] += 1
+            self._log.append(entry)
+
+    def _issue_token(self) -> str:
+        token = "00Dsim!" + secrets.token_urlsafe(24)
+        with self._lock:
+            self._tokens[token] = time.monotonic() + self.token_ttl_s
+        return token
+
+    def _token_valid(self, authorization: str | None) -> bool:
+        scheme, _, token = (authorization or "").partition(" ")
+        with self._lock:
+            return scheme.lower() == "bearer" and self._tokens.get(token, 0.0) > time.monotonic()
+
+    def _use_api_call(self) -> str:
+        with self._lock:
+            self._api_used += 1
+            return f"api-usage={self._api_used}/{self.api_limit}"
+
+    def _new_id(self, obj: _Object) -> str:
+        self._last_id += 1
+        return f"{obj.key_prefix}{self._last_id:015d}"
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    method: str
+    path: str
+    authorization: str | None
+    body: bytes
+    base_url: str  # scheme://host[:port] the client called; returned as instance_url
+
+
+@dataclass(frozen=True)
+class SimResponse:
+    status: int
+    body: bytes
+    headers: dict[str, str]
+    hang_s: float | None = None  # the write was applied and the caller must see a timeout
+
+
+_DESCRIBE = re.compile(r"^/services/data/(?P<version>v[\d.]+)/sobjects/(?P<object>\w+)/describe/?$")
+_UPSERT = re.compile(r"^/services/data/(?P<version>v[\d.]+)/composite/sobjects/(?P<object>\w+)/(?P<field>\w+)/?$")
+_STATUS_ERRORS = {
+    401: ("INVALID_SESSION_ID", "Session expired or invalid"),
+    429: ("REQUEST_LIMIT_EXCEEDED", "ConcurrentPerOrgLongTxn Limit exceeded"),
+    503: ("SERVER_UNAVAILABLE", "Server temporarily unavailable"),
+}
+
+
+def _json(status: int, payload: Any, headers: Mapping[str, str] | None = None) -> SimResponse:
+    return SimResponse(status, json.dumps(payload).encode(), {"content-type": "application/json", **(headers or {})})
+
+
+def _error(status: int, code: str, message: str, headers: Mapping[str, str] | None = None) -> SimResponse:
+    return _json(status, [{"errorCode": code, "message": message}], headers)
+
+
+def _status_error(status: int, headers: Mapping[str, str] | None = None) -> SimResponse:
+    code, message = _STATUS_ERRORS.get(status, ("UNKNOWN_EXCEPTION", "An unexpected error occurred"))
+    return _error(status, code, message, headers)
+
+
+def _record_count(body: bytes) -> int | None:
+    try:
+        records = json.loads(body).get("records")
+    except (ValueError, AttributeError):
+        return None
+    return len(records) if isinstance(records, list) else None
+
+
+def handle(state: NexusCrmState, request: SimRequest) -> SimResponse:
+    """Route one request; the only request-handling logic, shared by both adapters."""
+    if state.latency_s:
+        time.sleep(state.latency_s)
+    describe, upsert = _DESCRIBE.match(request.path), _UPSERT.match(request.path)
+    if request.path == "/services/oauth2/token" and request.method == "POST":
+        state._note_request("token", RequestLogEntry(request.method, request.path, None))
+        return _token(state, request)
+    if describe and request.method == "GET":
+        state._note_request("describe", RequestLogEntry(request.method, request.path, None))
+        return _data_call(state, request, describe["version"], partial(_describe, state, describe["object"]))
+    if upsert and request.method == "PATCH":
+        state._note_request("upsert", RequestLogEntry(request.method, request.path, _record_count(request.body)))
+        if state.faults.pop_if(FaultKind.EXPIRE_TOKEN):
+            state.expire_tokens()
+        run = partial(_upsert, state, upsert["object"], upsert["field"], request.body)
+        return _data_call(state, request, upsert["version"], run)
+    state._note_request("unknown", RequestLogEntry(request.method, request.path, None))
+    return _error(404, "NOT_FOUND", "The requested resource does not exist")
+
+
+def _token(state: NexusCrmState, request: SimRequest) -> SimResponse:
+    form = {k: v[0] for k, v in parse_qs(request.body.decode("utf-8", "replace")).items()}
+    if form.get("grant_type") != "client_credentials":
+        return _json(400, {"error": "unsupported_grant_type", "error_description": "grant type not supported"})
+    pairs = ((form.get("client_id", ""), state.client_id), (form.get("client_secret", ""), state.client_secret))
+    if not all(secrets.compare_digest(given.encode(), wanted.encode()) for given, wanted in pairs):
+        return _json(400, {"error": "invalid_client", "error_description": "invalid client credentials"})
+    return _json(
+        200,
+        {
+            "access_token": state._issue_token(),
+            "instance_url": request.base_url,
+            "id": f"{request.base_url}/id/00Dsim/005sim",
+            "token_type": "Bearer",
+            "issued_at": str(int(time.time() * 1000)),
+            "signature": secrets.token_urlsafe(16),
+            "scope": "api",
+        },
+    )
+
+
+def _data_call(state: NexusCrmState, request: SimRequest, version: str, run: Callable[[], SimResponse]) -> SimResponse:
+    if version != API_VERSION:
+        return _error(404, "NOT_FOUND", f"API version {version} is not simulated")
+    if not state._token_valid(request.authorization):
+        return _status_error(401)
+    limit_header = {"sforce-limit-info": state._use_api_call()}
+    response = run()
+    return SimResponse(response.status, response.body, {**response.headers, **limit_header}, response.hang_s)
+
+
+def _describe(state: NexusCrmState, object_name: str) -> SimResponse:
+    with state._lock:
+        obj = state._objects.get(object_name)
+        if obj is None:
+            return _error(404, "NOT_FOUND", "The requested resource does not exist")
+        fields = [spec.describe() for spec in obj.fields.values()]
+    return _json(200, {"name": obj.name, "label": obj.name, "custom": True, "createable": True, "fields": fields})
+
+
+def _upsert(state: NexusCrmState, object_name: str, external_id_field: str, body: bytes) -> SimResponse:
+    fault = state.faults.pop()
+    if fault and fault.kind is FaultKind.STATUS:
+        headers = {"retry-after": fault.retry_after} if fault.retry_after is not None else None
+        return _status_error(fault.status_code, headers)
+    try:
+        payload = json.loads(body)
+    except ValueError:
+        payload = None
+    records = payload.get("records") if isinstance(payload, dict) else None
+    # allOrNone=true (rollback on any failure) is not simulated.
+    if not isinstance(records, list) or payload.get("allOrNone", False) is not False:
+        return _error(400, "JSON_PARSER_ERROR", "Body must be {'allOrNone': false, 'records': [...]}")
+    if len(records) > MAX_RECORDS:
+        message = f"record limit reached. cannot submit more than {MAX_RECORDS} records into this call"
+        return _error(400, "EXCEEDED_ID_LIMIT", message)
+    locked = fault.external_ids if fault and fault.kind is FaultKind.LOCK_ROWS else frozenset()
+    with state._lock:
+        obj = state._objects.get(object_name)
+        if obj is None:
+            return _error(404, "NOT_FOUND", "The requested resource does not exist")
+        key_spec = obj.fields.get(external_id_field)
+        if key_spec is None or not key_spec.external_id:
+            message = f"Provided external ID field does not exist or is not accessible: {external_id_field}"
+            return _error(400, "INVALID_FIELD", message)
+        keys = Counter(str(r.get(external_id_field)) for r in records if isinstance(r, dict))
+        results = [_upsert_one(state, obj, external_id_field, raw, locked, keys) for raw in records]
+    return _after_apply(fault, results, external_id_field, records)
+
+
+def _after_apply(fault: Fault | None, results: list[Any], key_field: str, records: list[Any]) -> SimResponse:
+    kind = fault.kind if fault else None
+    if kind is FaultKind.MALFORMED_JSON:
+        # Without its closing bracket the list is never valid JSON.
+        return SimResponse(200, json.dumps(results).encode()[:-1], {"content-type": "application/json"})
+    if kind is FaultKind.FAIL_AFTER_APPLY:
+        return _status_error(fault.status_code)
+    if kind is FaultKind.TIMEOUT_AFTER_APPLY:
+        return SimResponse(504, b"", {}, hang_s=fault.hang_s)
+    if kind is FaultKind.DROP_RESULT:
+        keys = [str(r.get(key_field)) if isinstance(r, dict) else None for r in records]
+        for i in reversed([i for i, key in enumerate(keys) if key in fault.external_ids]):
+            if fault.keep_position:
+                results[i] = None
+            else:
+                del results[i]
+    return _json(200, results)
+
+
+def _record_error(code: str, message: str, fields: list[str] | None = None) -> dict[str, Any]:
+    return {"success": False, "errors": [{"statusCode": code, "message": message, "fields": fields or []}]}
+
+
+def _upsert_one(
+    state: NexusCrmState, obj: _Object, key_field: str, raw: Any, locked: frozenset[str], keys: Counter[str]
+) -> dict[str, Any]:
+    """Validate and write one record; the caller holds the state lock, which is what makes
+    the external ID unique under concurrent upserts."""
+    attributes = raw.get("attributes") if isinstance(raw, dict) else None
+    if not isinstance(attributes, dict) or attributes.get("type") != obj.name:
+        return _record_error("INVALID_TYPE", f"Each record must carry attributes.type = {obj.name}")
+    values = {k: v for k, v in raw.items() if k != "attributes"}
+    key = values.get(key_field)
+    if key in (None, ""):
+        return _record_error("MISSING_ARGUMENT", f"Upsert requires a value for {key_field}", [key_field])
+    if keys[str(key)] > 1:
+        return _record_error("DUPLICATE_VALUE", f"Duplicate external id specified: {key}", [key_field])
+    if str(key) in locked:
+        return _record_error("UNABLE_TO_LOCK_ROW", "unable to obtain exclusive access to this record or 1 records")
+    unknown = [name for name in values if name not in obj.fields]
+    if unknown:
+        return _record_error("INVALID_FIELD", f"No such column '{unknown[0]}' on sobject of type {obj.name}", unknown)
+    matches = obj.find(key_field, key)
+    if len(matches) > 1:
+        message = f"{key_field}: more than one record found for external id field: {matches}"
+        return _record_error("DUPLICATE_EXTERNAL_ID", message, [key_field])
+    existing = obj.records.get(matches[0]) if matches else None
+    action = "updateable" if existing else "createable"
+    denied = [name for name in values if not getattr(obj.fields[name], action)]
+    if denied:
+        return _record_error(
+            "INVALID_FIELD_FOR_INSERT_UPDATE",
+            f"Unable to create/update fields: {', '.join(denied)}. Please check the security settings of this field.",
+            denied,
+        )
+    too_long = [n for n, v in values.items() if isinstance(v, str) and 0 < obj.fields[n].length < len(v)]
+    if too_long:
+        spec = obj.fields[too_long[0]]
+        message = f"{spec.name}: data value too large (max length={spec.length})"
+        return _record_error("STRING_TOO_LONG", message, too_long)
+    merged = {**(existing or {}), **values}
+    for rule in obj.rules:
+        message = rule(merged)
+        if message:
+            return _record_error("FIELD_CUSTOM_VALIDATION_EXCEPTION", message)
+    record_id = existing["Id"] if existing else state._new_id(obj)
+    for name, spec in obj.fields.items():
+        if not spec.unique or merged.get(name) is None:
+            continue
+        others = [i for i in obj.find(name, merged[name]) if i != record_id]
+        if others:
+            message = f"duplicate value found: {name} duplicates value on record with id: {others[0]}"
+            return _record_error("DUPLICATE_VALUE", message, [name])
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    merged.update(Id=record_id, LastModifiedDate=now, CreatedDate=existing["CreatedDate"] if existing else now)
+    obj.store(record_id, merged)
+    return {"id": record_id, "success": True, "errors": [], "created": existing is None}
+
+
+# -- adapters -------------------------------------------------------------------------
+
+
+class SimulatorTransport(httpx.BaseTransport):
+    """Sync in-process transport: `httpx.Client(transport=SimulatorTransport(state))`."""
+
+    def __init__(self, state: NexusCrmState) -> None:
+        self.state = state
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        base_url = f"{request.url.scheme}://{request.url.netloc.decode('ascii')}"
+        auth = request.headers.get("authorization")
+        sim = handle(self.state, SimRequest(request.method, request.url.path, auth, request.read(), base_url))
+        if sim.hang_s is not None:
+            raise httpx.ReadTimeout("simulated read timeout after the write was applied", request=request)
+        return httpx.Response(sim.status, headers=sim.headers, content=sim.body, request=request)
+
+
+def build_nexuscrm_app(state: NexusCrmState) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        base_url = str(request.base_url).rstrip("/")
+        auth = request.headers.get("authorization")
+        sim_request = SimRequest(request.method, request.url.path, auth, await request.body(), base_url)
+        # handle() takes locks and may sleep (latency), so it runs off the event loop.
+        sim = await run_in_threadpool(handle, state, sim_request)
+        if sim.hang_s is not None:
+            await anyio.sleep(sim.hang_s)
+        return Response(sim.body, status_code=sim.status, headers=sim.headers)
+
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])])
+
+
+def serve_in_thread(app: Any, port: int = 0, *, startup_timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
+    """Serve an ASGI app on 127.0.0.1 from a daemon thread; returns (base URL, stop)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    bound_port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{bound_port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"simulator server on 127.0.0.1:{bound_port} did not start")
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+    return f"http://127.0.0.1:{bound_port}", stop

@@ -1,0 +1,524 @@
+"""Contract tests of the NexusCRM client against the project's NexusCRM simulator
+(seed 004 section 15), in process through SimulatorTransport."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from nexus_pipelines.integrations.nexuscrm import (
+    MAX_BATCH_RECORDS,
+    AuthError,
+    NexusCrmClient,
+    NexusCrmConfigError,
+    NexusCrmCredentials,
+    NexusCrmResponseError,
+    PreflightError,
+    is_blocking,
+    is_retryable,
+    parse_limit_info,
+    parse_retry_after,
+    parse_token,
+    sanitize_error_message,
+)
+from nexus_pipelines.local.simulators.nexuscrm import (
+    Fault,
+    FieldSpec,
+    NexusCrmState,
+    SimulatorTransport,
+)
+
+OBJECT = "Arr_Snapshot__c"
+KEY = "Source_Record_Id__c"
+OWNED = {KEY, "Name__c", "Amount__c"}
+CLIENT_ID = "client-id-3MVG9"
+SECRET = "client-secret-s3cr3t-value"
+
+
+class Sleeps(list):
+    """Injected sleep: records each delay instead of sleeping."""
+
+    def __call__(self, seconds: float) -> None:
+        self.append(seconds)
+
+
+class UpperBoundRng:
+    """Injected rng: records each uniform(a, b) range and returns its upper bound."""
+
+    def __init__(self) -> None:
+        self.ranges: list[tuple[float, float]] = []
+
+    def uniform(self, a: float, b: float) -> float:
+        self.ranges.append((a, b))
+        return b
+
+
+class SpyTransport(SimulatorTransport):
+    """Keeps the Authorization headers sent, so tests know the token values to look for."""
+
+    def __init__(self, state: NexusCrmState) -> None:
+        super().__init__(state)
+        self.authorizations: list[str] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if "authorization" in request.headers:
+            self.authorizations.append(request.headers["authorization"])
+        return super().handle_request(request)
+
+
+def negative_amount(record: dict) -> str | None:
+    return "Amount must not be negative" if Decimal(str(record.get("Amount__c") or 0)) < 0 else None
+
+
+def make_state() -> NexusCrmState:
+    state = NexusCrmState(client_id=CLIENT_ID, client_secret=SECRET)
+    state.define_object(
+        OBJECT,
+        [
+            FieldSpec(KEY, external_id=True, unique=True, length=64),
+            FieldSpec("Name__c", length=20),
+            FieldSpec("Amount__c", type="currency", precision=18, scale=2),
+            FieldSpec("Account_Hash__c", unique=True, length=64),
+            FieldSpec("Formula__c", type="double", createable=False, updateable=False),
+        ],
+    )
+    state.add_validation_rule(OBJECT, negative_amount)
+    return state
+
+
+def credentials() -> NexusCrmCredentials:
+    return NexusCrmCredentials(base_url="https://nexuscrm.test", client_id=CLIENT_ID, client_secret=SECRET)
+
+
+@pytest.fixture
+def state() -> NexusCrmState:
+    return make_state()
+
+
+@pytest.fixture
+def sleeps() -> Sleeps:
+    return Sleeps()
+
+
+@pytest.fixture
+def rng() -> UpperBoundRng:
+    return UpperBoundRng()
+
+
+@pytest.fixture
+def client(state: NexusCrmState, sleeps: Sleeps, rng: UpperBoundRng) -> Iterator[NexusCrmClient]:
+    transport = SimulatorTransport(state)
+    with NexusCrmClient(
+        credentials(), transport=transport, max_attempts=5, base_backoff_s=1.0, max_backoff_s=3.0, sleep=sleeps, rng=rng
+    ) as c:
+        yield c
+
+
+def rec(external_id: str, **fields: object) -> dict:
+    return {KEY: external_id, "Name__c": f"n-{external_id}", **fields}
+
+
+def by_id(outcome) -> dict:
+    return {r.external_id: r for r in outcome.results}
+
+
+# -- credentials --------------------------------------------------------------------
+
+
+def test_from_env_reads_named_variables_and_hides_the_secret() -> None:
+    env = {"CRM_URL": "https://crm.example.com/", "CRM_ID": CLIENT_ID, "CRM_SECRET": SECRET}
+    creds = NexusCrmCredentials.from_env("CRM_URL", "CRM_ID", "CRM_SECRET", allow_http=False, environ=env)
+    assert creds.client_secret.get_secret_value() == SECRET
+    assert SECRET not in repr(creds) and CLIENT_ID not in repr(creds) and SECRET not in str(creds)
+
+
+def test_from_env_names_the_missing_variable_never_a_value() -> None:
+    env = {"CRM_URL": "https://crm.example.com", "CRM_ID": CLIENT_ID}
+    with pytest.raises(NexusCrmConfigError, match="CRM_SECRET is not set") as info:
+        NexusCrmCredentials.from_env("CRM_URL", "CRM_ID", "CRM_SECRET", allow_http=False, environ=env)
+    assert CLIENT_ID not in str(info.value) and "\n" not in str(info.value)
+
+
+def test_plain_http_is_refused_unless_allowed() -> None:
+    env = {"CRM_URL": "http://127.0.0.1:8080", "CRM_ID": CLIENT_ID, "CRM_SECRET": SECRET}
+    with pytest.raises(NexusCrmConfigError, match="CRM_URL must use https"):
+        NexusCrmCredentials.from_env("CRM_URL", "CRM_ID", "CRM_SECRET", allow_http=False, environ=env)
+    with pytest.raises(NexusCrmConfigError, match="must use https"):
+        NexusCrmCredentials(base_url="http://crm.example.com", client_id=CLIENT_ID, client_secret=SECRET)
+    assert NexusCrmCredentials.from_env("CRM_URL", "CRM_ID", "CRM_SECRET", allow_http=True, environ=env).allow_http
+
+
+# -- OAuth --------------------------------------------------------------------------
+
+
+def test_token_exchange_then_reuse(client: NexusCrmClient, state: NexusCrmState) -> None:
+    client.authenticate()
+    client.describe(OBJECT)
+    client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert state.calls() == {"token": 1, "describe": 1, "upsert": 1}
+    assert client.call_counts() == {"token": 1, "describe": 1, "upsert": 1}
+
+
+def test_rejected_client_secret_is_one_line_auth_error() -> None:
+    state = make_state()
+    bad = NexusCrmCredentials(base_url="https://nexuscrm.test", client_id=CLIENT_ID, client_secret="wrong-secret")
+    with NexusCrmClient(bad, transport=SimulatorTransport(state)) as c, pytest.raises(AuthError) as info:
+        c.describe(OBJECT)
+    message = str(info.value)
+    assert "HTTP 400, invalid_client" in message and "wrong-secret" not in message and "\n" not in message
+    assert state.calls() == {"token": 1}
+
+
+def test_token_response_is_validated_without_echoing_it() -> None:
+    with pytest.raises(NexusCrmResponseError, match=r"malformed \(access_token\)"):
+        parse_token(b'{"instance_url": "https://nexuscrm.test", "token_type": "Bearer", "id": "x"}')
+    with pytest.raises(NexusCrmResponseError, match=r"malformed \(token_type\)") as info:
+        parse_token(b'{"access_token": "tok-123", "instance_url": "https://nexuscrm.test", "token_type": "MAC"}')
+    assert "tok-123" not in str(info.value)
+    token = parse_token(b'{"access_token": "tok-123", "instance_url": "https://x", "token_type": "bearer", "id": "i"}')
+    assert "tok-123" not in repr(token)
+
+
+# -- describe preflight -------------------------------------------------------------
+
+
+def test_preflight_passes_and_returns_typed_describe(client: NexusCrmClient) -> None:
+    describe = client.preflight(OBJECT, KEY, OWNED)
+    key = describe.field(KEY)
+    assert describe.name == OBJECT
+    assert key is not None and key.external_id and key.unique and key.id_lookup and key.length == 64
+    assert describe.field("Id") is not None and not describe.field("Id").createable
+
+
+@pytest.mark.parametrize(
+    ("fields", "key", "owned", "problem"),
+    [
+        ([], KEY, {KEY}, "external id field Source_Record_Id__c does not exist"),
+        ([FieldSpec(KEY, unique=True, id_lookup=True)], KEY, {KEY}, "is not marked External ID"),
+        ([FieldSpec(KEY, external_id=True)], KEY, {KEY}, "external id field Source_Record_Id__c is not unique"),
+        ([FieldSpec(KEY, external_id=True, unique=True)], KEY, {KEY, "Gone__c"}, "owned field Gone__c does not exist"),
+        (
+            [FieldSpec(KEY, external_id=True, unique=True), FieldSpec("Ro__c", createable=False)],
+            KEY,
+            {KEY, "Ro__c"},
+            "owned field Ro__c is not createable",
+        ),
+        (
+            [FieldSpec(KEY, external_id=True, unique=True), FieldSpec("Once__c", updateable=False)],
+            KEY,
+            {KEY, "Once__c"},
+            "owned field Once__c is not updateable",
+        ),
+    ],
+)
+def test_preflight_drift(fields, key, owned, problem) -> None:
+    state = NexusCrmState(client_id=CLIENT_ID, client_secret=SECRET)
+    state.define_object(OBJECT, fields)
+    with NexusCrmClient(credentials(), transport=SimulatorTransport(state)) as c, pytest.raises(PreflightError) as info:
+        c.preflight(OBJECT, key, owned)
+    assert problem in str(info.value)
+    assert str(info.value).startswith(f"NexusCRM preflight failed for {OBJECT}: ") and "\n" not in str(info.value)
+    assert state.calls().get("upsert", 0) == 0
+
+
+def test_preflight_lists_every_problem_and_a_missing_object(client: NexusCrmClient) -> None:
+    with pytest.raises(PreflightError) as info:
+        client.preflight(OBJECT, "Name__c", {"Name__c", "Formula__c", "Gone__c"})
+    assert info.value.problems == (
+        "external id field Name__c is not marked External ID",
+        "external id field Name__c is not unique",
+        "external id field Name__c is not an idLookup field",
+        "owned field Formula__c is not createable",
+        "owned field Formula__c is not updateable",
+        "owned field Gone__c does not exist",
+    )
+    with pytest.raises(PreflightError, match="Missing__c: object does not exist"):
+        client.preflight("Missing__c", KEY, {KEY})
+
+
+# -- Composite Upsert ---------------------------------------------------------------
+
+
+def test_mixed_success_batch_is_normalized_in_request_order(client: NexusCrmClient, state: NexusCrmState) -> None:
+    records = [
+        rec("E1", Amount__c=10),
+        rec("E2", Name__c="x" * 21),
+        rec("E3", Bogus__c=1),
+        rec("E4", Amount__c=-1),
+        rec("E5", Formula__c=2.0),
+        rec("E6", Amount__c="12.50"),
+    ]
+    outcome = client.upsert_batch(OBJECT, KEY, records)
+    assert [r.external_id for r in outcome.results] == ["E1", "E2", "E3", "E4", "E5", "E6"]
+    assert [(r.success, r.error_code, r.retryable) for r in outcome.results] == [
+        (True, None, False),
+        (False, "STRING_TOO_LONG", False),
+        (False, "INVALID_FIELD", False),
+        (False, "FIELD_CUSTOM_VALIDATION_EXCEPTION", False),
+        (False, "INVALID_FIELD_FOR_INSERT_UPDATE", False),
+        (True, None, False),
+    ]
+    results = by_id(outcome)
+    assert results["E1"].crm_record_id == state.get_record(OBJECT, KEY, "E1")["Id"]
+    assert len(results["E1"].crm_record_id) == 18 and results["E1"].crm_record_id.startswith("a0X")
+    assert "Amount must not be negative" in results["E4"].error_message
+    assert outcome.created_external_ids == {"E1", "E6"}
+    assert (outcome.http_status, outcome.attempts, outcome.batch_error) == (200, 1, None)
+    assert outcome.limit_info is not None and outcome.limit_info.max == 15000 and outcome.limit_info.used >= 1
+    assert len(state.records(OBJECT)) == 2
+
+
+def test_unable_to_lock_row_is_retryable_and_the_rest_is_written(client: NexusCrmClient, state: NexusCrmState) -> None:
+    state.faults.push(Fault.lock_rows("E2"))
+    results = by_id(client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2"), rec("E3")]))
+    assert (results["E2"].error_code, results["E2"].retryable) == ("UNABLE_TO_LOCK_ROW", True)
+    assert results["E1"].success and results["E3"].success
+    assert state.get_record(OBJECT, KEY, "E2") is None
+
+
+def test_second_upsert_of_same_external_id_updates_one_record(client: NexusCrmClient, state: NexusCrmState) -> None:
+    first = client.upsert_batch(OBJECT, KEY, [rec("E1", Amount__c=1)])
+    second = client.upsert_batch(OBJECT, KEY, [rec("E1", Amount__c=2)])
+    assert first.created_external_ids == {"E1"} and second.created_external_ids == frozenset()
+    assert first.results[0].crm_record_id == second.results[0].crm_record_id
+    assert [r["Amount__c"] for r in state.records(OBJECT)] == [2]
+
+
+def test_concurrent_clients_never_create_two_records(state: NexusCrmState) -> None:
+    ids = [f"E{i}" for i in range(20)]
+    outcomes = []
+
+    def write() -> None:
+        with NexusCrmClient(credentials(), transport=SimulatorTransport(state)) as c:
+            outcomes.append(c.upsert_batch(OBJECT, KEY, [rec(x) for x in ids]))
+
+    threads = [threading.Thread(target=write) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(r[KEY] for r in state.records(OBJECT)) == sorted(ids)
+    assert all(r.success for o in outcomes for r in o.results)
+    assert sum(len(o.created_external_ids) for o in outcomes) == len(ids)
+
+
+def test_unique_conflict_is_permanent_and_blocking(client: NexusCrmClient) -> None:
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1", Account_Hash__c="h"), rec("E2", Account_Hash__c="h")])
+    failed = by_id(outcome)["E2"]
+    assert (failed.error_code, failed.retryable) == ("DUPLICATE_VALUE", False)
+    assert outcome.blocking_failures == (failed,)
+
+
+def test_whole_request_rejection_fails_every_record_permanently(client: NexusCrmClient) -> None:
+    outcome = client.upsert_batch("Missing__c", KEY, [rec("E1"), rec("E2")])
+    assert outcome.http_status == 404 and outcome.batch_error == "NOT_FOUND"
+    assert all(not r.success and r.error_code == "NOT_FOUND" and not r.retryable for r in outcome.results)
+
+
+def test_batch_limit_and_arguments_are_checked_before_any_call(client: NexusCrmClient, state: NexusCrmState) -> None:
+    with pytest.raises(ValueError, match="1..200 records, got 201"):
+        client.upsert_batch(OBJECT, KEY, [rec(f"E{i}") for i in range(MAX_BATCH_RECORDS + 1)])
+    with pytest.raises(ValueError, match="got 0"):
+        client.upsert_batch(OBJECT, KEY, [])
+    with pytest.raises(ValueError, match="must not repeat"):
+        client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E1")])
+    with pytest.raises(ValueError, match="record 1 has no string value"):
+        client.upsert_batch(OBJECT, KEY, [rec("E1"), {"Name__c": "x"}])
+    with pytest.raises(ValueError, match="not a NexusCRM API name"):
+        client.upsert_batch("Obj/../x", KEY, [rec("E1")])
+    assert state.calls() == {}
+    outcome = client.upsert_batch(OBJECT, KEY, [rec(f"E{i:03d}") for i in range(MAX_BATCH_RECORDS)])
+    assert len(outcome.results) == MAX_BATCH_RECORDS and all(r.success for r in outcome.results)
+
+
+# -- failure policy -----------------------------------------------------------------
+
+
+def test_401_refreshes_the_token_once_and_retries(client: NexusCrmClient, state: NexusCrmState) -> None:
+    client.authenticate()
+    state.faults.push(Fault.expire_token())
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.results[0].success and outcome.attempts == 2
+    assert state.calls() == {"token": 2, "upsert": 2}
+
+
+def test_a_second_401_is_an_auth_error(client: NexusCrmClient, state: NexusCrmState) -> None:
+    state.faults.push(Fault.expire_token(), Fault.expire_token())
+    with pytest.raises(AuthError, match="rejected a freshly issued token on upsert"):
+        client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert state.calls() == {"token": 2, "upsert": 2}
+
+
+def test_429_honours_retry_after_seconds(client: NexusCrmClient, state: NexusCrmState, sleeps, rng) -> None:
+    state.faults.push(Fault.status(429, retry_after=2))
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.results[0].success and outcome.attempts == 2
+    assert sleeps == [2.0] and rng.ranges == []
+    assert client.call_counts()["status_429"] == 1
+
+
+def test_429_without_retry_after_uses_jittered_backoff(client, state: NexusCrmState, sleeps, rng) -> None:
+    state.faults.push(Fault.status(429))
+    assert client.upsert_batch(OBJECT, KEY, [rec("E1")]).results[0].success
+    assert rng.ranges == [(0.0, 1.0)] and sleeps == [1.0]
+
+
+def test_retry_after_beyond_the_cap_is_not_waited_out(client: NexusCrmClient, state: NexusCrmState, sleeps) -> None:
+    state.faults.push(Fault.status(429, retry_after=120))
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert sleeps == [] and outcome.attempts == 1 and outcome.retry_after_s == 120.0
+    result = outcome.results[0]
+    assert (result.error_code, result.retryable, outcome.batch_error) == ("HTTP_429", True, "HTTP_429")
+
+
+def test_retry_after_http_date() -> None:
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("Wed, 01 Jan 2025 12:00:05 GMT", now=now) == 5.0
+    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+
+
+def test_5xx_backoff_is_capped_exponential_with_full_jitter(
+    client: NexusCrmClient, state: NexusCrmState, sleeps: Sleeps, rng: UpperBoundRng
+) -> None:
+    state.faults.push(*[Fault.status(s) for s in (500, 502, 503, 504)])
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.results[0].success and outcome.attempts == 5
+    assert rng.ranges == [(0.0, 1.0), (0.0, 2.0), (0.0, 3.0), (0.0, 3.0)]
+    assert client.call_counts()["status_5xx"] == 4
+
+
+def test_jittered_delays_stay_within_bounds(state: NexusCrmState) -> None:
+    sleeps = Sleeps()
+    state.faults.push(*[Fault.status(503)] * 4)
+    transport = SimulatorTransport(state)
+    with NexusCrmClient(
+        credentials(), transport=transport, base_backoff_s=0.5, max_backoff_s=1.5, sleep=sleeps, rng=random.Random(7)
+    ) as c:
+        c.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert len(sleeps) == 4 and all(0 <= s <= cap for s, cap in zip(sleeps, [0.5, 1.0, 1.5, 1.5], strict=True))
+
+
+def test_exhausted_transient_failures_return_retryable_results(client: NexusCrmClient, state: NexusCrmState) -> None:
+    state.faults.push(*[Fault.status(503)] * 5)
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert outcome.attempts == 5 and outcome.http_status == 503 and outcome.batch_error == "HTTP_503"
+    assert all(r.error_code == "HTTP_503" and r.retryable and not r.success for r in outcome.results)
+    assert state.records(OBJECT) == []
+
+
+def test_response_missing_one_record(client: NexusCrmClient, state: NexusCrmState) -> None:
+    state.faults.push(Fault.drop_result("E2"))
+    results = by_id(client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2"), rec("E3", Bogus__c=1)]))
+    assert (results["E2"].error_code, results["E2"].retryable) == ("UNACCOUNTED", True)
+    assert results["E1"].success and results["E3"].error_code == "INVALID_FIELD"
+    # The write did happen: a replay updates it.
+    replay = client.upsert_batch(OBJECT, KEY, [rec("E2")])
+    assert replay.results[0].success and replay.created_external_ids == frozenset()
+
+
+def test_a_shorter_result_list_leaves_every_record_unaccounted(client: NexusCrmClient, state: NexusCrmState) -> None:
+    # Positions can no longer be trusted, so no reported result is believed.
+    state.faults.push(Fault.drop_result("E1", keep_position=False))
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert outcome.batch_error == "UNACCOUNTED"
+    assert all(r.error_code == "UNACCOUNTED" and r.retryable for r in outcome.results)
+    assert "1 results for 2 records" in outcome.results[0].error_message
+
+
+def test_malformed_json_leaves_every_record_retryable(client: NexusCrmClient, state: NexusCrmState) -> None:
+    state.faults.push(Fault.malformed_json())
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert all(not r.success and r.error_code == "UNACCOUNTED" and r.retryable for r in outcome.results)
+    assert outcome.http_status == 200 and outcome.batch_error == "UNACCOUNTED"
+    assert len(state.records(OBJECT)) == 2
+
+
+def test_timeout_after_the_server_applied_the_write(state: NexusCrmState, sleeps: Sleeps) -> None:
+    state.faults.push(Fault.timeout_after_apply())
+    with NexusCrmClient(credentials(), transport=SimulatorTransport(state), max_attempts=1, sleep=sleeps) as c:
+        outcome = c.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+        assert all(r.error_code == "TIMEOUT" and r.retryable for r in outcome.results)
+        assert outcome.http_status is None and c.call_counts()["transport_error"] == 1
+        assert len(state.records(OBJECT)) == 2
+        replay = c.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert all(r.success for r in replay.results) and replay.created_external_ids == frozenset()
+    assert len(state.records(OBJECT)) == 2
+
+
+def test_timeout_after_apply_is_retried_in_the_same_call_as_an_update(client, state: NexusCrmState) -> None:
+    state.faults.push(Fault.timeout_after_apply())
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.results[0].success and outcome.attempts == 2 and outcome.created_external_ids == frozenset()
+    assert len(state.records(OBJECT)) == 1
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable", "blocking"),
+    [
+        ("UNABLE_TO_LOCK_ROW", True, False),
+        ("REQUEST_LIMIT_EXCEEDED", True, False),
+        ("SERVER_UNAVAILABLE", True, False),
+        ("DUPLICATE_VALUE", False, True),
+        ("DUPLICATE_EXTERNAL_ID", False, True),
+        ("FIELD_CUSTOM_VALIDATION_EXCEPTION", False, False),
+        ("INSUFFICIENT_ACCESS_OR_READONLY", False, False),
+        ("REQUIRED_FIELD_MISSING", False, False),
+        ("INVALID_TYPE_ON_FIELD_IN_RECORD", False, False),
+        ("SOMETHING_NEW", False, False),
+    ],
+)
+def test_error_classification(code: str, retryable: bool, blocking: bool) -> None:
+    assert (is_retryable(code), is_blocking(code)) == (retryable, blocking)
+
+
+def test_limit_info_parsing() -> None:
+    assert parse_limit_info("api-usage=12/15000") is not None and parse_limit_info("api-usage=12/15000").used == 12
+    assert parse_limit_info("garbage") is None and parse_limit_info(None) is None
+
+
+# -- redaction ----------------------------------------------------------------------
+
+
+def test_sanitize_error_message() -> None:
+    text = "failed for jane.doe+x@example.com with Authorization: Bearer 00D!abc.def\nsecond line " + "y" * 600
+    clean = sanitize_error_message(text)
+    assert "jane.doe" not in clean and "00D!abc" not in clean and "\n" not in clean
+    assert "[email]" in clean and "Bearer [redacted]" in clean and len(clean) == 500
+
+
+def test_credentials_and_tokens_never_reach_repr_exceptions_or_logs(caplog, state: NexusCrmState) -> None:
+    caplog.set_level(logging.DEBUG)
+    spy = SpyTransport(state)
+    state.faults.push(Fault.expire_token(), Fault.status(429), Fault.timeout_after_apply())
+    errors = []
+    with NexusCrmClient(credentials(), transport=spy, max_attempts=3, sleep=Sleeps()) as c:
+        c.preflight(OBJECT, KEY, OWNED)
+        outcome = c.upsert_batch(OBJECT, KEY, [rec("E1")])
+        state.faults.push(Fault.expire_token(), Fault.expire_token())
+        try:
+            c.upsert_batch(OBJECT, KEY, [rec("E1")])
+        except AuthError as exc:
+            errors.append(exc)
+        texts = [repr(c), repr(credentials()), str(credentials())]
+    bad = NexusCrmCredentials(base_url="https://nexuscrm.test", client_id=CLIENT_ID, client_secret="another-secret")
+    with NexusCrmClient(bad, transport=spy) as c:
+        try:
+            c.authenticate()
+        except AuthError as exc:
+            errors.append(exc)
+    assert len(errors) == 2 and outcome.batch_error == "TIMEOUT"
+    tokens = {a.split(" ", 1)[1] for a in spy.authorizations}
+    assert len(tokens) >= 3
+    haystack = "\n".join([caplog.text, *texts, *(str(e) for e in errors), *(repr(e) for e in errors), repr(outcome)])
+    assert "nexuscrm upsert HTTP_429 on attempt 2/3" in caplog.text  # the logs are there, just clean
+    for secret in [SECRET, CLIENT_ID, "another-secret", *tokens]:
+        assert secret not in haystack
