@@ -1,0 +1,63 @@
+"""The explicit work-type -> handler registry.
+
+A handler is a callable receiving the `ClaimedItem` (with its fencing token, so what
+it writes can be fenced or keyed by it). It returns an outcome string (or None for
+"succeeded"); raising `PermanentError` dead-letters the item, any other exception is
+a retryable failure. A handler should check `item.lease_lost.is_set()` between
+steps: the worker sets it when a renewal finds the lease gone, and from then on the
+item's result is discarded.
+
+`NOOP` marks a work type whose handler does nothing: the worker completes such
+items straight from the claim, with the same fenced statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from nexus_pipelines.workqueue.claims import ClaimedItem
+
+Handler = Callable[[ClaimedItem], "str | None"]
+
+
+class PermanentError(Exception):
+    """The item can never succeed as it is: dead-letter it without further retries."""
+
+
+def _noop(item: ClaimedItem) -> None:
+    return None
+
+
+NOOP: Handler = _noop
+
+
+class HandlerRegistry(Mapping[str, Handler]):
+    """An immutable mapping of work type to handler."""
+
+    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+        for work_type, handler in handlers.items():
+            if not isinstance(work_type, str) or not work_type:
+                raise ValueError(f"work type {work_type!r} must be a non-empty string")
+            if not callable(handler):
+                raise TypeError(f"handler for {work_type!r} is not callable")
+        self._handlers = dict(handlers)
+
+    def __getitem__(self, work_type: str) -> Handler:
+        return self._handlers[work_type]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._handlers)
+
+    def __len__(self) -> int:
+        return len(self._handlers)
+
+    @property
+    def work_types(self) -> list[str]:
+        return sorted(self._handlers)
+
+    def is_noop(self, work_type: str) -> bool:
+        return self._handlers.get(work_type) is NOOP
+
+    @property
+    def all_noop(self) -> bool:
+        return bool(self._handlers) and all(h is NOOP for h in self._handlers.values())

@@ -1,0 +1,519 @@
+"""Ingress receipts: admission, routing under a fenced claim, idempotent materialization.
+
+A receipt row is the durable inbox of one verified provider delivery and the only
+owner of its routing state. A router claims due receipts in a batch (compare-and-swap
+with a token from `workqueue_tokens` and a lease deadline from the database clock;
+a claim counts as a routing attempt, so a receipt whose router keeps dying still
+reaches the terminal 'failed' status), resolves each through an explicit route table,
+and materializes the result in one transaction: the receipt row is locked and
+checked against the router's token first, events are inserted with
+`ON CONFLICT (registration_id, idempotency_key) DO NOTHING`, work items with
+`ON CONFLICT (event_id, work_type) DO NOTHING`, and the receipt is marked
+materialized under the same fence. A stale router's transaction therefore writes
+nothing; a retried router or a duplicate delivery creates nothing twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
+
+BODY_SNAPSHOT_LIMIT = 256 * 1024
+
+
+class LeaseLostError(RuntimeError):
+    """The caller's token no longer holds the row; nothing was written."""
+
+
+class RoutingRejected(Exception):
+    """A permanent routing failure: the receipt goes straight to 'failed'."""
+
+
+class UnknownRoute(Exception):
+    """No route for the receipt's route key (retried: the route may not be deployed yet)."""
+
+
+def payload_hash(body: Any) -> str:
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class ReceiptIn(BaseModel):
+    """A verified provider delivery, as the ingress route hands it over."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    registration_id: str = Field(min_length=1)
+    revision: int = Field(ge=0)
+    namespace: str = Field(min_length=1)
+    delivery_id: str = Field(min_length=1)
+    route_key: str = Field(min_length=1)
+    received_at: datetime
+    http_method: str = "POST"
+    content_type: str | None = None
+    event_kind: str | None = None
+    correlation: dict[str, str] = Field(default_factory=dict)
+    body: dict[str, Any] | list[Any] | None = None
+    body_ref: str | None = None
+    admission_result: str = "verified"
+    max_routing_attempts: int = Field(default=5, ge=1)
+
+    @model_validator(mode="after")
+    def _body_present(self) -> ReceiptIn:
+        if self.body is None and self.body_ref is None:
+            raise ValueError("a receipt needs a body snapshot or a body reference")
+        if self.body is not None and len(json.dumps(self.body, default=str)) > BODY_SNAPSHOT_LIMIT:
+            raise ValueError(f"body snapshot exceeds {BODY_SNAPSHOT_LIMIT} bytes; store it and pass body_ref")
+        return self
+
+
+@dataclass(frozen=True)
+class AdmitResult:
+    receipt_id: int
+    created: bool
+
+
+_ADMIT = """
+INSERT INTO ingress_receipts (registration_id, revision, namespace, delivery_id, http_method, route_key,
+                              content_type, event_kind, received_at, admission_result, correlation, body,
+                              body_ref, payload_hash, max_routing_attempts)
+VALUES (%(registration_id)s, %(revision)s, %(namespace)s, %(delivery_id)s, %(http_method)s, %(route_key)s,
+        %(content_type)s, %(event_kind)s, %(received_at)s, %(admission_result)s, %(correlation)s, %(body)s,
+        %(body_ref)s, %(payload_hash)s, %(max_routing_attempts)s)
+ON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING
+RETURNING receipt_id
+"""
+
+
+def admit_receipt(conn: Connection, receipt: ReceiptIn) -> AdmitResult:
+    """Durably accept a delivery; a redelivery of the same delivery id returns the first receipt."""
+    data = receipt.model_dump()
+    data["correlation"] = Jsonb(receipt.correlation)
+    data["body"] = Jsonb(receipt.body) if receipt.body is not None else None
+    data["payload_hash"] = payload_hash(receipt.body if receipt.body is not None else receipt.body_ref)
+    row = conn.execute(_ADMIT, data).fetchone()
+    if row is not None:
+        return AdmitResult(row[0], True)
+    (existing,) = conn.execute(
+        "SELECT receipt_id FROM ingress_receipts WHERE registration_id = %s AND namespace = %s AND delivery_id = %s",
+        (receipt.registration_id, receipt.namespace, receipt.delivery_id),
+    ).fetchone()
+    return AdmitResult(existing, False)
+
+
+# --- materialization specs -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkSpec:
+    work_type: str
+    queue_class: str = "default"
+    source_lane_key: str | None = None
+    target_lane_key: str | None = None
+    max_attempts: int = DEFAULT_POLICY.max_attempts
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class EventSpec:
+    source_kind: str
+    source_id: str
+    idempotency_key: str
+    work: Sequence[WorkSpec]
+    payload: Any = None
+    parse_outcome: str = "parsed"
+    companion: Any = None
+    correlation: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ClaimedReceipt:
+    receipt_id: int
+    token: int
+    registration_id: str
+    revision: int
+    namespace: str
+    delivery_id: str
+    route_key: str
+    event_kind: str | None
+    body: Any
+    body_ref: str | None
+    payload_hash: str
+    correlation: Mapping[str, str]
+    attempts: int
+    max_attempts: int
+    lease_until: datetime
+
+
+@dataclass(frozen=True)
+class Route:
+    """One route of a registration: `materialize` turns a receipt into event specs."""
+
+    route_id: str
+    version: int
+    materialize: Callable[[ClaimedReceipt], Sequence[EventSpec]]
+
+
+RouteTable = Mapping[str, Route]  # route_key -> Route (an explicit registry)
+
+
+_CLAIM_RECEIPTS = """
+WITH due AS (
+    SELECT receipt_id, router_token
+      FROM ingress_receipts
+     WHERE routing_status IN ('pending', 'routing') AND next_attempt_at <= now()
+     ORDER BY next_attempt_at, receipt_id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE ingress_receipts r
+   SET routing_status = CASE WHEN r.routing_attempts >= r.max_routing_attempts THEN 'failed' ELSE 'routing' END,
+       routing_error_class = CASE WHEN r.routing_attempts >= r.max_routing_attempts
+                                  THEN 'attempts_exhausted' ELSE r.routing_error_class END,
+       routing_error = CASE WHEN r.routing_attempts >= r.max_routing_attempts
+                            THEN format('gave up after %%s routing attempts', r.routing_attempts)
+                            ELSE r.routing_error END,
+       routing_attempts = CASE WHEN r.routing_attempts >= r.max_routing_attempts
+                               THEN r.routing_attempts ELSE r.routing_attempts + 1 END,
+       router_owner = CASE WHEN r.routing_attempts >= r.max_routing_attempts THEN NULL ELSE %(owner)s END,
+       router_token = CASE WHEN r.routing_attempts >= r.max_routing_attempts
+                           THEN r.router_token ELSE nextval('workqueue_tokens') END,
+       router_lease_until = CASE WHEN r.routing_attempts >= r.max_routing_attempts
+                                 THEN NULL ELSE now() + %(ttl)s END,
+       next_attempt_at = now() + %(ttl)s,
+       updated_at = now()
+  FROM due
+ WHERE r.receipt_id = due.receipt_id
+   AND r.router_token IS NOT DISTINCT FROM due.router_token
+   AND r.routing_status IN ('pending', 'routing')
+RETURNING r.receipt_id, r.router_token, r.registration_id, r.revision, r.namespace, r.delivery_id, r.route_key,
+          r.event_kind, r.body, r.body_ref, r.payload_hash, r.correlation, r.routing_attempts,
+          r.max_routing_attempts, r.router_lease_until, r.routing_status
+"""
+
+
+def claim_receipts(conn: Connection, *, owner: str, limit: int, lease_ttl: timedelta) -> list[ClaimedReceipt]:
+    """Claim due receipts (new, retry-due, or whose router lease expired)."""
+    rows = conn.execute(_CLAIM_RECEIPTS, {"owner": owner, "limit": limit, "ttl": lease_ttl}).fetchall()
+    return [
+        ClaimedReceipt(
+            receipt_id=r[0], token=r[1], registration_id=r[2], revision=r[3], namespace=r[4], delivery_id=r[5],
+            route_key=r[6], event_kind=r[7], body=r[8], body_ref=r[9], payload_hash=r[10], correlation=r[11],
+            attempts=r[12], max_attempts=r[13], lease_until=r[14],
+        )
+        for r in rows
+        if r[15] == "routing"
+    ]
+
+
+def _insert_events_and_work(
+    conn: Connection,
+    *,
+    receipt_id: int,
+    registration_id: str,
+    revision: int,
+    route_id: str,
+    route_version: int,
+    events: Sequence[EventSpec],
+) -> list[int]:
+    """Insert events and their work items idempotently; returns the event ids in spec order."""
+    if not events:
+        return []
+    keys = [e.idempotency_key for e in events]
+    if len(set(keys)) != len(keys):
+        raise RoutingRejected("a receipt materialized two events with the same idempotency key")
+    conn.execute(
+        """
+        INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id, route_version,
+                                             source_kind, source_id, idempotency_key, delivery_seq, payload_hash,
+                                             payload, parse_outcome, companion, correlation)
+        SELECT %(receipt_id)s, %(registration_id)s, %(revision)s, %(route_id)s, %(route_version)s,
+               d.source_kind, d.source_id, d.idempotency_key, d.seq, d.payload_hash, d.payload, d.parse_outcome,
+               d.companion, d.correlation
+          FROM unnest(%(kinds)s::text[], %(ids)s::text[], %(keys)s::text[], %(seqs)s::int[], %(hashes)s::text[],
+                      %(payloads)s::jsonb[], %(outcomes)s::text[], %(companions)s::jsonb[], %(correlations)s::jsonb[])
+               AS d(source_kind, source_id, idempotency_key, seq, payload_hash, payload, parse_outcome, companion,
+                    correlation)
+         ORDER BY d.seq
+        ON CONFLICT (registration_id, idempotency_key) DO NOTHING
+        """,
+        {
+            "receipt_id": receipt_id,
+            "registration_id": registration_id,
+            "revision": revision,
+            "route_id": route_id,
+            "route_version": route_version,
+            "kinds": [e.source_kind for e in events],
+            "ids": [e.source_id for e in events],
+            "keys": keys,
+            "seqs": list(range(len(events))),
+            "hashes": [payload_hash(e.payload) for e in events],
+            "payloads": [Jsonb(e.payload) for e in events],
+            "outcomes": [e.parse_outcome for e in events],
+            "companions": [Jsonb(e.companion) if e.companion is not None else None for e in events],
+            "correlations": [Jsonb(dict(e.correlation)) for e in events],
+        },
+    )
+    found = dict(
+        conn.execute(
+            "SELECT idempotency_key, event_id FROM connector_outbox_events"
+            " WHERE registration_id = %s AND idempotency_key = ANY(%s::text[])",
+            (registration_id, keys),
+        ).fetchall()
+    )
+    event_ids = [found[k] for k in keys]
+    work_rows = [(event_id, w) for event_id, e in zip(event_ids, events) for w in e.work]
+    if work_rows:
+        conn.execute(
+            """
+            INSERT INTO connector_work_items (event_id, registration_id, revision, work_type, queue_class,
+                                              max_attempts, priority, source_lane_key, target_lane_key)
+            SELECT d.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
+                   d.priority, d.source_lane, d.target_lane
+              FROM unnest(%(events)s::bigint[], %(types)s::text[], %(classes)s::text[], %(max)s::int[],
+                          %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
+                   WITH ORDINALITY AS d(event_id, work_type, queue_class, max_attempts, priority, source_lane,
+                                        target_lane, ord)
+             ORDER BY d.ord
+            ON CONFLICT (event_id, work_type) DO NOTHING
+            """,
+            {
+                "registration_id": registration_id,
+                "revision": revision,
+                "events": [r[0] for r in work_rows],
+                "types": [r[1].work_type for r in work_rows],
+                "classes": [r[1].queue_class for r in work_rows],
+                "max": [r[1].max_attempts for r in work_rows],
+                "prio": [r[1].priority for r in work_rows],
+                "src": [r[1].source_lane_key for r in work_rows],
+                "tgt": [r[1].target_lane_key for r in work_rows],
+            },
+        )
+    return event_ids
+
+
+def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
+    """Write events and work items for a claimed receipt and mark it materialized, atomically.
+
+    Raises LeaseLostError (and writes nothing) when the receipt is no longer held with
+    `receipt.token`.
+    """
+    with conn.transaction():
+        held = conn.execute(
+            "SELECT 1 FROM ingress_receipts WHERE receipt_id = %s AND router_token = %s"
+            " AND routing_status = 'routing' AND router_lease_until > now() FOR UPDATE",
+            (receipt.receipt_id, receipt.token),
+        ).fetchone()
+        if held is None:
+            raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
+        event_ids = _insert_events_and_work(
+            conn,
+            receipt_id=receipt.receipt_id,
+            registration_id=receipt.registration_id,
+            revision=receipt.revision,
+            route_id=route.route_id,
+            route_version=route.version,
+            events=events,
+        )
+        conn.execute(
+            """UPDATE ingress_receipts
+                  SET routing_status = 'materialized', enqueued_event_ids = %s, materialized_at = now(),
+                      router_lease_until = NULL, routing_error_class = NULL, routing_error = NULL,
+                      updated_at = now()
+                WHERE receipt_id = %s AND router_token = %s""",
+            (event_ids, receipt.receipt_id, receipt.token),
+        )
+    return event_ids
+
+
+def record_routing_failure(
+    conn: Connection, receipt: ClaimedReceipt, exc: BaseException, *, terminal: bool, delay_s: float
+) -> str | None:
+    """Retry later (or fail terminally) under the router's fence; returns the new status, None when lost."""
+    row = conn.execute(
+        """UPDATE ingress_receipts
+              SET routing_status = CASE WHEN %(terminal)s OR routing_attempts >= max_routing_attempts
+                                        THEN 'failed' ELSE 'pending' END,
+                  next_attempt_at = now() + make_interval(secs => %(delay)s),
+                  router_lease_until = NULL, router_owner = NULL,
+                  routing_error_class = %(cls)s, routing_error = %(summary)s, updated_at = now()
+            WHERE receipt_id = %(id)s AND router_token = %(token)s AND routing_status = 'routing'
+        RETURNING routing_status""",
+        {
+            "terminal": terminal,
+            "delay": max(delay_s, 0.0),
+            "cls": type(exc).__name__,
+            "summary": summarize_exception(exc),
+            "id": receipt.receipt_id,
+            "token": receipt.token,
+        },
+    ).fetchone()
+    return row[0] if row else None
+
+
+@dataclass
+class RouterReport:
+    claimed: int = 0
+    materialized: int = 0
+    events: int = 0
+    retried: int = 0
+    failed: int = 0
+    lost: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+def route_receipts(
+    conn: Connection,
+    routes: RouteTable,
+    *,
+    owner: str,
+    limit: int = 50,
+    lease_ttl: timedelta = timedelta(seconds=60),
+    policy: RetryPolicy = DEFAULT_POLICY,
+) -> RouterReport:
+    """Claim one batch of due receipts and route each; failures are recorded, never raised."""
+    report = RouterReport()
+    for receipt in claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl):
+        report.claimed += 1
+        try:
+            route = routes.get(receipt.route_key)
+            if route is None:
+                raise UnknownRoute(f"no route for route key {receipt.route_key!r}")
+            events = list(route.materialize(receipt))
+            event_ids = materialize(conn, receipt, route, events)
+        except LeaseLostError:
+            report.lost += 1
+            continue
+        except Exception as exc:  # noqa: BLE001 - every routing failure is recorded on the receipt
+            status = record_routing_failure(
+                conn, receipt, exc, terminal=isinstance(exc, RoutingRejected), delay_s=policy.delay(receipt.attempts)
+            )
+            if status is None:
+                report.lost += 1
+            elif status == "failed":
+                report.failed += 1
+            else:
+                report.retried += 1
+            continue
+        report.materialized += 1
+        report.events += len(event_ids)
+    return report
+
+
+# --- bulk enqueue (tests, benchmarks, backfills) -----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewWork:
+    """One event with one work item, for `enqueue_work_items`."""
+
+    idempotency_key: str
+    work_type: str
+    queue_class: str = "default"
+    source_lane_key: str | None = None
+    target_lane_key: str | None = None
+    payload: Any = None
+    max_attempts: int = DEFAULT_POLICY.max_attempts
+    source_kind: str = "bulk"
+
+
+def enqueue_work_items(
+    conn: Connection,
+    items: Iterable[NewWork],
+    *,
+    registration_id: str,
+    revision: int,
+    route_id: str = "bulk",
+    route_version: int = 1,
+    chunk: int = 5000,
+) -> int:
+    """Enqueue items through one materialized receipt per chunk; returns work items created.
+
+    Goes through events, so `(event_id, work_type)` and the event idempotency key hold:
+    enqueuing the same idempotency keys again creates nothing.
+    """
+    created = 0
+    batch: list[NewWork] = []
+
+    def flush() -> None:
+        nonlocal created
+        if not batch:
+            return
+        with conn.transaction():
+            (receipt_id,) = conn.execute(
+                """INSERT INTO ingress_receipts (registration_id, revision, namespace, delivery_id, route_key,
+                                                 received_at, body_ref, payload_hash, routing_status,
+                                                 materialized_at)
+                   VALUES (%s, %s, 'bulk', %s, %s, now(), 'bulk-enqueue', 'sha256:bulk', 'materialized', now())
+                   RETURNING receipt_id""",
+                (registration_id, revision, uuid.uuid4().hex, route_id),
+            ).fetchone()
+            cur = conn.execute(
+                """
+                WITH d AS (
+                    SELECT * FROM unnest(%(keys)s::text[], %(types)s::text[], %(classes)s::text[], %(src)s::text[],
+                                         %(tgt)s::text[], %(payloads)s::jsonb[], %(max)s::int[], %(kinds)s::text[])
+                           WITH ORDINALITY AS d(idempotency_key, work_type, queue_class, source_lane, target_lane,
+                                                payload, max_attempts, source_kind, ord)
+                ),
+                ev AS (
+                    INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id,
+                                                         route_version, source_kind, source_id, idempotency_key,
+                                                         delivery_seq, payload_hash, payload)
+                    SELECT %(receipt_id)s, %(registration_id)s, %(revision)s, %(route_id)s, %(route_version)s,
+                           d.source_kind, d.idempotency_key, d.idempotency_key, d.ord, 'sha256:bulk', d.payload
+                      FROM d ORDER BY d.ord
+                    ON CONFLICT (registration_id, idempotency_key) DO NOTHING
+                    RETURNING event_id, idempotency_key
+                )
+                INSERT INTO connector_work_items (event_id, registration_id, revision, work_type, queue_class,
+                                                  max_attempts, source_lane_key, target_lane_key)
+                SELECT ev.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
+                       d.source_lane, d.target_lane
+                  FROM ev JOIN d USING (idempotency_key)
+                 ORDER BY ev.event_id
+                ON CONFLICT (event_id, work_type) DO NOTHING
+                """,
+                {
+                    "receipt_id": receipt_id,
+                    "registration_id": registration_id,
+                    "revision": revision,
+                    "route_id": route_id,
+                    "route_version": route_version,
+                    "keys": [i.idempotency_key for i in batch],
+                    "types": [i.work_type for i in batch],
+                    "classes": [i.queue_class for i in batch],
+                    "src": [i.source_lane_key for i in batch],
+                    "tgt": [i.target_lane_key for i in batch],
+                    "payloads": [Jsonb(i.payload) if i.payload is not None else None for i in batch],
+                    "max": [i.max_attempts for i in batch],
+                    "kinds": [i.source_kind for i in batch],
+                },
+            )
+            created += cur.rowcount
+            conn.execute(
+                "UPDATE ingress_receipts SET enqueued_event_ids = ARRAY(SELECT event_id FROM connector_outbox_events"
+                " WHERE receipt_id = %s ORDER BY event_id) WHERE receipt_id = %s",
+                (receipt_id, receipt_id),
+            )
+        batch.clear()
+
+    for item in items:
+        batch.append(item)
+        if len(batch) >= chunk:
+            flush()
+    flush()
+    return created

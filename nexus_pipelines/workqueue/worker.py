@@ -1,0 +1,298 @@
+"""The drain loop: claim in batches, run handlers, renew leases, finalize in batches.
+
+One drain is one queue scanner (one claim statement at a time on its own
+connection). `concurrency` only sets how many claimed items run at once on a
+bounded thread pool; it never adds scanners. While handlers run, a heartbeat thread
+renews all held leases in one statement on a second connection, and marks items
+whose renewal failed as lost (their `lease_lost` event is set and their results are
+discarded). Results are finalized in batches: one fenced statement completes every
+finished item, one records every failure.
+
+The drain stops when `max_items` items were claimed, the `time_budget_s` is spent
+(then it stops claiming and lets running items finish), the queue is idle (with
+`idle_exit`), or `stop_event` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack, contextmanager
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+from typing import Iterator
+
+from psycopg import Connection
+from psycopg_pool import ConnectionPool
+
+from nexus_pipelines.control.db import connect
+from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue.claims import ClaimedItem, Failure
+from nexus_pipelines.workqueue.handlers import HandlerRegistry, PermanentError
+from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class DrainReport:
+    worker_id: str
+    claimed: int = 0
+    completed: int = 0
+    retried: int = 0
+    dead: int = 0
+    lost: int = 0
+    reclaimed_retry: int = 0
+    reclaimed_dead: int = 0
+    claim_statements: int = 0
+    elapsed_s: float = 0.0
+    stopped: str = ""
+
+    @property
+    def items_per_s(self) -> float:
+        return self.completed / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        data = asdict(self)
+        data["items_per_s"] = round(self.items_per_s, 1)
+        data["elapsed_s"] = round(self.elapsed_s, 3)
+        return data
+
+
+@contextmanager
+def _connection(source: str | ConnectionPool) -> Iterator[Connection]:
+    if isinstance(source, ConnectionPool):
+        with source.connection() as conn:
+            yield conn
+    else:
+        with connect(source) as conn:
+            yield conn
+
+
+class _Heartbeat(threading.Thread):
+    """Renews every held lease each `interval_s` in one statement; flags lost items."""
+
+    def __init__(self, source: str | ConnectionPool, lease_ttl: timedelta, interval_s: float) -> None:
+        super().__init__(name="workqueue-heartbeat", daemon=True)
+        self._source = source
+        self._ttl = lease_ttl
+        self._interval = interval_s
+        self._held: dict[int, ClaimedItem] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.lost: set[int] = set()
+        self.error: BaseException | None = None
+
+    def hold(self, items: Sequence[ClaimedItem]) -> None:
+        with self._lock:
+            for item in items:
+                self._held[item.work_id] = item
+
+    def release(self, work_ids: Sequence[int]) -> None:
+        with self._lock:
+            for work_id in work_ids:
+                self._held.pop(work_id, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        try:
+            with _connection(self._source) as conn:
+                while not self._stop.wait(self._interval):
+                    with self._lock:
+                        held = list(self._held.values())
+                    if not held:
+                        continue
+                    renewed = claims.renew(conn, (i.fence for i in held), self._ttl)
+                    for item in held:
+                        if item.work_id not in renewed:
+                            item.lease_lost.set()
+                            with self._lock:
+                                self.lost.add(item.work_id)
+                                self._held.pop(item.work_id, None)
+        except BaseException as exc:  # noqa: BLE001 - surfaced by the drain loop
+            self.error = exc
+            with self._lock:
+                for item in self._held.values():
+                    item.lease_lost.set()
+
+
+def _run_handler(registry: HandlerRegistry, item: ClaimedItem) -> tuple[ClaimedItem, str | None, BaseException | None]:
+    try:
+        outcome = registry[item.work_type](item)
+        return item, outcome, None
+    except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded on the item
+        return item, None, exc
+
+
+def drain(
+    dsn_or_pool: str | ConnectionPool,
+    registry: HandlerRegistry,
+    *,
+    worker_id: str | None = None,
+    queue_classes: Sequence[str] | None = None,
+    registration_ids: Sequence[str] | None = None,
+    max_items: int | None = None,
+    time_budget_s: float | None = None,
+    claim_batch: int = 100,
+    concurrency: int = 1,
+    lease_ttl_s: float = 30.0,
+    retry_policy: RetryPolicy = DEFAULT_POLICY,
+    idle_exit: bool = True,
+    poll_interval_s: float = 0.25,
+    stop_event: threading.Event | None = None,
+    with_payload: bool = True,
+) -> DrainReport:
+    """Drain due work items of active generations with the registry's handlers."""
+    if claim_batch < 1 or concurrency < 1 or lease_ttl_s <= 0:
+        raise ValueError("claim_batch, concurrency and lease_ttl_s must be positive")
+    report = DrainReport(worker_id=worker_id or default_worker_id())
+    ttl = timedelta(seconds=lease_ttl_s)
+    started = time.monotonic()
+    deadline = started + time_budget_s if time_budget_s is not None else None
+    reclaim_every = max(min(lease_ttl_s / 2, 5.0), 0.05)
+    fast = registry.all_noop
+    work_types = registry.work_types
+    results: queue.SimpleQueue = queue.SimpleQueue()
+    inflight: dict[int, ClaimedItem] = {}
+
+    with ExitStack() as stack:
+        conn = stack.enter_context(_connection(dsn_or_pool))
+        heartbeat: _Heartbeat | None = None
+        pool: ThreadPoolExecutor | None = None
+        if not fast:
+            heartbeat = _Heartbeat(dsn_or_pool, ttl, max(lease_ttl_s / 3, 0.05))
+            heartbeat.start()
+            stack.callback(heartbeat.join, 5)
+            stack.callback(heartbeat.stop)
+            pool = stack.enter_context(ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="wq-handler"))
+
+        def reclaim() -> None:
+            rec = claims.reclaim_expired(conn, policy=retry_policy)
+            report.reclaimed_retry += rec.retried
+            report.reclaimed_dead += rec.dead
+
+        def finalize(done: list[tuple[ClaimedItem, str | None, BaseException | None]]) -> None:
+            lost = heartbeat.lost if heartbeat else set()
+            ok = [(i, o) for i, o, e in done if e is None and i.work_id not in lost and not i.lease_lost.is_set()]
+            failed = [(i, e) for i, _, e in done if e is not None and i.work_id not in lost and not i.lease_lost.is_set()]
+            report.lost += len(done) - len(ok) - len(failed)
+            by_outcome: dict[str, list[tuple[int, int]]] = {}
+            for item, outcome in ok:
+                by_outcome.setdefault(outcome or "succeeded", []).append(item.fence)
+            for outcome, fences in by_outcome.items():
+                completed = claims.complete(conn, fences, outcome=outcome)
+                report.completed += len(completed)
+                report.lost += len(fences) - len(completed)
+            if failed:
+                failures = [
+                    Failure(
+                        item.work_id,
+                        item.token,
+                        "permanent" if isinstance(exc, PermanentError) else type(exc).__name__,
+                        summarize_exception(exc),
+                        retry_policy.delay(item.attempts),
+                        terminal=isinstance(exc, PermanentError),
+                    )
+                    for item, exc in failed
+                ]
+                states = claims.finalize_failures(conn, failures)
+                report.dead += sum(1 for s in states.values() if s == "dead")
+                report.retried += sum(1 for s in states.values() if s == "retry")
+                report.lost += len(failures) - len(states)
+            if heartbeat:
+                heartbeat.release([i.work_id for i, _, _ in done])
+
+        reclaim()
+        last_reclaim = time.monotonic()
+        stopping = ""
+        while True:
+            now = time.monotonic()
+            if not stopping:
+                if stop_event is not None and stop_event.is_set():
+                    stopping = "stopped"
+                elif deadline is not None and now >= deadline:
+                    stopping = "time_budget"
+                elif max_items is not None and report.claimed >= max_items:
+                    stopping = "max_items"
+            if heartbeat and heartbeat.error is not None:
+                raise RuntimeError("lease heartbeat failed") from heartbeat.error
+            if now - last_reclaim >= reclaim_every:
+                reclaim()
+                last_reclaim = now
+
+            claimed: list[ClaimedItem] = []
+            if not stopping:
+                room = claim_batch if fast else max(min(claim_batch, 2 * concurrency - len(inflight)), 0)
+                if max_items is not None:
+                    room = min(room, max_items - report.claimed)
+                if room > 0:
+                    claimed = claims.claim_batch(
+                        conn,
+                        owner=report.worker_id,
+                        limit=room,
+                        lease_ttl=ttl,
+                        work_types=work_types,
+                        queue_classes=queue_classes,
+                        registration_ids=registration_ids,
+                        with_payload=with_payload and not fast,
+                    )
+                    report.claim_statements += 1
+                    report.claimed += len(claimed)
+
+            if fast:
+                if claimed:
+                    finalize([(item, None, None) for item in claimed])
+                    continue
+            else:
+                if claimed:
+                    heartbeat.hold(claimed)
+                    for item in claimed:
+                        inflight[item.work_id] = item
+                        pool.submit(_run_handler, registry, item).add_done_callback(
+                            lambda fut: results.put(fut.result())
+                        )
+                if inflight:
+                    done = []
+                    wait = 0.0 if claimed and len(inflight) < concurrency else min(poll_interval_s, 0.05)
+                    try:
+                        done.append(results.get(timeout=wait) if wait > 0 else results.get_nowait())
+                    except queue.Empty:
+                        pass
+                    while True:
+                        try:
+                            done.append(results.get_nowait())
+                        except queue.Empty:
+                            break
+                    if done:
+                        for item, _, _ in done:
+                            inflight.pop(item.work_id, None)
+                        finalize(done)
+                    continue
+
+            # nothing in flight
+            if stopping:
+                break
+            if not claimed:
+                if idle_exit:
+                    stopping = "idle"
+                    break
+                wait = poll_interval_s
+                if deadline is not None:
+                    wait = min(wait, max(deadline - time.monotonic(), 0))
+                if stop_event is not None:
+                    stop_event.wait(wait)
+                else:
+                    time.sleep(wait)
+        report.stopped = stopping
+    report.elapsed_s = time.monotonic() - started
+    return report
