@@ -1,0 +1,1 @@
+"""Peer drivers for bench/workqueue.py; see bench/peers/common.py for the interface."""

@@ -1,0 +1,106 @@
+"""Work-queue throughput: nexus vs procrastinate vs pgqueuer vs a raw SKIP LOCKED loop.
+
+    python bench/workqueue.py --items 20000 --workers 4 [--repeat 3] [--systems nexus,raw_skip_locked]
+
+Each system drains N pre-enqueued no-op jobs with W spawned worker processes, in its own
+fresh database on one Postgres server (NEXUS_PG_DSN, else an embedded server with
+durable settings in a temp folder). Throughput = N / (wall time from the release of the
+start barrier to the last worker finishing). Every run is verified in the database:
+each job's handler ran exactly once and the queue itself shows every job done.
+Progress goes to stderr; the last line of stdout is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.peers.common import DRIVERS, driver, log, run_once, summarize  # noqa: E402
+
+
+@contextlib.contextmanager
+def postgres_server():
+    """The admin DSN of the server under test."""
+    if os.environ.get("NEXUS_PG_DSN"):
+        yield os.environ["NEXUS_PG_DSN"]
+        return
+    from nexus_pipelines.local.postgres import DURABLE_SETTINGS, EmbeddedPostgres
+
+    root = Path(tempfile.mkdtemp(prefix="bench-wq-"))
+    root.chmod(0o755)  # the server may run as another system user
+    server = EmbeddedPostgres(root, settings=DURABLE_SETTINGS)
+    try:
+        info = server.start()
+        log(f"embedded Postgres (durable settings, fsync on) on port {info.port} in {root}")
+        yield info.dsn("postgres")
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--items", type=int, default=20000)
+    parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--repeat", type=int, default=1, help="runs per system; the median is reported")
+    parser.add_argument("--systems", default=",".join(DRIVERS), help=f"comma-separated subset of {','.join(DRIVERS)}")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per system run before it fails")
+    args = parser.parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - set(DRIVERS)
+    if unknown:
+        parser.error(f"unknown systems {sorted(unknown)}; choose from {list(DRIVERS)}")
+
+    summaries: dict[str, dict] = {}
+    with postgres_server() as server_dsn:
+        with __import__("psycopg").connect(server_dsn) as conn:
+            server_version = conn.execute("SHOW server_version").fetchone()[0]
+            fsync = conn.execute("SHOW fsync").fetchone()[0]
+        for system in systems:
+            runs = []
+            for k in range(args.repeat):
+                log(f"{system}: run {k + 1}/{args.repeat}, {args.items} items, {args.workers} worker(s)")
+                run = run_once(system, server_dsn, args.items, args.workers, args.timeout, f"{os.getpid()}_{k}")
+                if run.ok:
+                    log(f"{system}: {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s), verified; per worker {run.per_worker_jobs}")
+                else:
+                    log(f"{system}: FAILED: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
+                runs.append(run)
+            summaries[system] = summarize(system, runs)
+            summaries[system]["options"] = getattr(driver(system), "OPTIONS", {})
+
+    print(f"work-queue throughput: {args.items} no-op jobs, {args.workers} worker process(es), "
+          f"median of {args.repeat}, Postgres {server_version} (fsync={fsync})")
+    for system, s in summaries.items():
+        rate = f"{s['jobs_per_s']:>10,.0f} jobs/s  {s['wall_s']:>8.2f} s" if s["verified"] else f"{'FAILED':>10}"
+        last = s["runs"][-1]
+        detail = last["error"] or f"effects {last['effects']}/{last['distinct_effects']} distinct, queue {last['queue']}"
+        print(f"  {system:<16} {rate}  {detail}  options {s['options']}")
+
+    result = {
+        "items": args.items,
+        "workers": args.workers,
+        "repeat": args.repeat,
+        **{f"{system}_jobs_per_s": summaries[system]["jobs_per_s"] if system in summaries else None for system in DRIVERS},
+        **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
+        "verified": bool(summaries) and all(s["verified"] for s in summaries.values()),
+        "verified_by_system": {system: s["verified"] for system, s in summaries.items()},
+        "postgres": server_version,
+        "fsync": fsync,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    print(json.dumps(result), flush=True)
+    return 0 if result["verified"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
