@@ -176,16 +176,22 @@ def check_keys(client: bigquery.Client, table_id: str, *, location: str | None =
     started = time.perf_counter()
     counts = next(iter(client.query(
         f"SELECT COUNT(*) AS n, "
-        f"COUNTIF({EXTERNAL_ID_COLUMN} IS NULL OR TRIM({EXTERNAL_ID_COLUMN}) = '') AS null_keys "
+        f"COUNTIF({EXTERNAL_ID_COLUMN} IS NULL OR TRIM({EXTERNAL_ID_COLUMN}) = '') AS null_keys, "
+        f"COUNT(DISTINCT {EXTERNAL_ID_COLUMN}) AS distinct_keys, "
+        f"COUNTIF({EXTERNAL_ID_COLUMN} IS NOT NULL) AS non_null_keys "
         f"FROM `{table_id}`", location=location).result()))
-    dupes = list(client.query(
-        f"SELECT {EXTERNAL_ID_COLUMN} AS id, COUNT(*) AS c FROM `{table_id}` "
-        f"WHERE {EXTERNAL_ID_COLUMN} IS NOT NULL GROUP BY {EXTERNAL_ID_COLUMN} HAVING COUNT(*) > 1 "
-        f"ORDER BY id", location=location).result())
+    duplicate_ids = 0
+    sample: tuple[str, ...] = ()
+    if counts["distinct_keys"] != counts["non_null_keys"]:
+        dupes = list(client.query(
+            f"SELECT {EXTERNAL_ID_COLUMN} AS id, COUNT(*) OVER () AS total FROM `{table_id}` "
+            f"WHERE {EXTERNAL_ID_COLUMN} IS NOT NULL GROUP BY {EXTERNAL_ID_COLUMN} HAVING COUNT(*) > 1 "
+            f"ORDER BY id LIMIT {int(samples)}", location=location).result())
+        duplicate_ids = int(dupes[0]["total"]) if dupes else 0
+        sample = tuple(r["id"] for r in dupes)
     if timer:
         timer.add(started)
-    return KeyReport(int(counts["n"]), int(counts["null_keys"]), len(dupes),
-                     tuple(r["id"] for r in dupes[:samples]))
+    return KeyReport(int(counts["n"]), int(counts["null_keys"]), duplicate_ids, sample)
 
 
 def iter_candidate_pages(client: bigquery.Client, table_id: str, *, page_size: int = 5000,

@@ -1,0 +1,626 @@
+"""The ordered steps of a writeback run (seed 004 section 5), shared by the Dagster
+assets and the CLI.
+
+1. configuration (already loaded and validated by the caller);
+2. job lease + `running` run row (dry runs write nothing and take no lease);
+3. source readiness and freshness;
+4. NexusCRM authentication and object/field preflight;
+5. the run-scoped candidate table;
+6. set-based key checks, then the no-write validation pass (map and hash every row,
+   and count what the write pass will send);
+7. current record states, read page by page alongside the rows;
+8. batched upserts, each batch's evidence committed before the next batch is sent;
+9. final counts and status;
+10. cleanup in `finally`: candidate table deleted, lease released.
+
+`Runner.execute()` is a generator of events (check outcomes, progress lines, stage
+timings) ending with a `JobResult`, so the Dagster layer can turn them into asset
+check results and log lines as they happen; `Runner.run()` drains it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import psycopg
+from google.api_core import exceptions as gexc
+from google.cloud import bigquery
+
+from nexus_pipelines.control.leases import Lease, LeaseLost
+from nexus_pipelines.integrations.nexuscrm import (
+    NexusCrmClient,
+    NexusCrmCredentials,
+    NexusCrmError,
+    is_blocking,
+    sanitize_error_message,
+)
+from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
+from nexus_pipelines.writeback.contract import JobContext, JobResult
+from nexus_pipelines.writeback.hashing import redact_id
+from nexus_pipelines.writeback.ledger import AttemptOutcome, BatchCounts, Ledger, RecordState, prune_attempts
+from nexus_pipelines.writeback.logs import log_event
+from nexus_pipelines.writeback.mapping import EXTERNAL_ID_COLUMN, Mapper, MappedRecord, MappingError
+from nexus_pipelines.writeback.source import (
+    Readiness,
+    SourceError,
+    WarehouseTimer,
+    candidate_table_id,
+    check_keys,
+    drop_candidates,
+    freshness_problem,
+    iter_candidate_pages,
+    materialize_candidates,
+    run_readiness,
+)
+
+logger = logging.getLogger("nexus_pipelines.writeback")
+
+# Check names, as the Dagster layer shows them (asset -> checks).
+CHECK_SOURCE_READY = "source_ready"
+CHECK_SOURCE_FRESH = "source_fresh"
+CHECK_KEYS_NOT_NULL = "external_id_not_null"
+CHECK_KEYS_UNIQUE = "external_id_unique"
+CHECK_MAPPING = "mapping_and_ownership"
+ALL_CHECKS = (CHECK_SOURCE_READY, CHECK_SOURCE_FRESH, CHECK_KEYS_NOT_NULL, CHECK_KEYS_UNIQUE, CHECK_MAPPING)
+
+STAGE_READINESS = "readiness"
+STAGE_PREFLIGHT = "crm_preflight"
+STAGE_CANDIDATES = "candidate_table"
+STAGE_KEYS = "key_checks"
+STAGE_VALIDATION = "validation_pass"
+STAGE_STATE_READ = "state_read"
+STAGE_MAPPING = "mapping_hashing"
+STAGE_CRM = "crm_calls"
+STAGE_LEDGER = "ledger_writes"
+STAGE_CLEANUP = "cleanup"
+
+PAGE_SIZE = 5000
+
+
+class RunFailed(RuntimeError):
+    """A step failed in a way the run reports as `failed` (one clear line)."""
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    name: str
+    passed: bool
+    description: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Progress:
+    message: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class StageDone:
+    stage: str
+    seconds: float
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+Event = CheckOutcome | Progress | StageDone | JobResult
+Decision = Literal["write", "unchanged", "deferred"]
+
+
+def decide(record: MappedRecord, prior: RecordState | None, *, now: datetime, force: bool, retry_failed: bool,
+           skip_unchanged: bool) -> Decision:
+    """Whether a validated row is sent (section 10 state rules)."""
+    if retry_failed:
+        # Operator replay of retryable failures only; their backoff is overridden.
+        return "write" if prior is not None and prior.status == "retryable_failed" else "unchanged"
+    if force or prior is None or prior.payload_hash != record.payload_hash or not skip_unchanged:
+        return "write"
+    if prior.status in ("succeeded", "permanent_failed"):
+        return "unchanged"
+    if prior.next_retry_at is None or prior.next_retry_at <= now:
+        return "write"
+    return "deferred"
+
+
+def default_crm_factory(config: LoadedConfig) -> NexusCrmClient:
+    """Compose the real client from the named environment variables (the only place
+    secret values are read)."""
+    import os
+
+    target = config.config.target
+    base_url = os.environ.get(target.base_url_env, "").strip()
+    if base_url:
+        check_target_url(base_url, local_mode=target.local_mode)
+    credentials = NexusCrmCredentials.from_env(
+        target.base_url_env, target.client_id_env, target.client_secret_env, allow_http=target.local_mode
+    )
+    w = config.config.write
+    return NexusCrmClient(credentials, max_attempts=w.max_attempts, base_backoff_s=w.base_backoff_seconds,
+                          max_backoff_s=w.max_backoff_seconds)
+
+
+@dataclass
+class _Counts:
+    selected: int = 0
+    unchanged: int = 0
+    deferred: int = 0
+    to_write: int = 0
+    succeeded: int = 0
+    retryable: int = 0
+    permanent: int = 0
+    new_permanent: int = 0
+    blocking: int = 0
+    batches: int = 0
+    crm_calls: int = 0
+
+
+class Runner:
+    """One execution of one registered job."""
+
+    def __init__(
+        self,
+        job_name: str,
+        mapper: Mapper,
+        config: LoadedConfig,
+        *,
+        bq: bigquery.Client,
+        conn: psycopg.Connection,
+        crm_factory: Callable[[LoadedConfig], NexusCrmClient] = default_crm_factory,
+        page_size: int = PAGE_SIZE,
+        prefetch_pages: int = 2,
+        log: logging.Logger | None = None,
+    ) -> None:
+        self.job_name = job_name
+        self.mapper = mapper
+        self.loaded = config
+        self.config = config.config
+        self.bq = bq
+        self.ledger = Ledger(conn, job_name, mapper.TARGET_OBJECT)
+        self.crm_factory = crm_factory
+        self.page_size = page_size
+        self.prefetch_pages = prefetch_pages
+        self.log = log or logger
+        self.warehouse = WarehouseTimer()
+        self.stage_seconds: dict[str, float] = {}
+        self.ledger_commit_ms: list[float] = []
+        self.lease: Lease | None = None
+        self._last_renew = 0.0
+        self.table_id: str | None = None
+        self.readiness: Readiness | None = None
+
+    # -- public -----------------------------------------------------------------------
+
+    def run(self, context: JobContext) -> JobResult:
+        result = None
+        for event in self.execute(context):
+            if isinstance(event, JobResult):
+                result = event
+        assert result is not None
+        return result
+
+    def execute(self, context: JobContext) -> Iterator[Event]:
+        counts = _Counts()
+        options = {"external_ids": len(context.external_ids), "retry_failed": context.retry_failed,
+                   "force": context.force, "dry_run": context.dry_run}
+        ttl = timedelta(seconds=self.config.write.lease_ttl_seconds)
+        self._event("run_started", context, **options)
+        if not context.dry_run:
+            self.lease = self.ledger.acquire_lease(context.run_id, ttl)
+            if self.lease is None:
+                holder = self.ledger.conn.execute(
+                    "SELECT owner_run_id FROM outbound_job_leases WHERE job_name = %s", (self.job_name,)
+                ).fetchone()
+                message = f"another run holds the {self.job_name} lease" + (f" ({holder[0]})" if holder else "")
+                self.ledger.record_skipped(context.run_id, dry_run=False, options=options, message=message)
+                self._event("run_skipped", context, reason="lease_held")
+                yield Progress(f"skipped: {message}")
+                yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
+                return
+            self._last_renew = time.monotonic()
+        self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
+                              lease_token=self.lease.token if self.lease else None)
+        status: str = "failed"
+        error: str | None = None
+        crm: NexusCrmClient | None = None
+        try:
+            crm = yield from self._steps(context, counts)
+            status = self._final_status(context, counts)
+        except _CheckFailed as exc:
+            error = str(exc)
+        except (SourceError, ConfigError, NexusCrmError, LeaseLost, MappingError, RunFailed, psycopg.Error,
+                gexc.GoogleAPIError) as exc:
+            error = sanitize_error_message(f"{type(exc).__name__}: {exc}")
+            self._event("run_failed", context, level=logging.ERROR, error=error)
+        except BaseException as exc:  # a bug or an interrupt: record it, then let it surface
+            error = sanitize_error_message(f"{type(exc).__name__}: {exc}")
+            self._finish(context, "failed", counts, error, crm)
+            raise
+        result = self._finish(context, status, counts, error, crm)
+        yield result
+
+    # -- steps ------------------------------------------------------------------------
+
+    def _steps(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        cfg = self.config
+        # 3. readiness and freshness
+        started = time.perf_counter()
+        readiness = run_readiness(self.bq, self.loaded.readiness_sql(), location=cfg.source.location,
+                                  timer=self.warehouse)
+        self.readiness = readiness
+        self.ledger.set_source(context.run_id, readiness.source_run_id, readiness.as_of_at)
+        now = self._db_now()
+        age_minutes = round(readiness.age(now).total_seconds() / 60, 1)
+        ready_meta = {"source_run_id": readiness.source_run_id, "as_of_at": readiness.as_of_at.isoformat()}
+        yield self._stage(STAGE_READINESS, started, ready_meta)
+        ready = CheckOutcome(CHECK_SOURCE_READY, readiness.ready,
+                             "source is ready" if readiness.ready else
+                             f"source not ready: {sanitize_error_message(readiness.reason or 'no reason given')}",
+                             ready_meta)
+        yield ready
+        stale = freshness_problem(readiness, cfg.source.freshness_max_age_minutes, now)
+        yield CheckOutcome(CHECK_SOURCE_FRESH, stale is None, stale or f"source is {age_minutes} minutes old",
+                           {"age_minutes": age_minutes, "max_age_minutes": cfg.source.freshness_max_age_minutes})
+        if not ready.passed:
+            raise _CheckFailed(ready.description)
+        if stale:
+            raise _CheckFailed(stale)
+
+        # 4. authentication and preflight, before anything is selected or written
+        started = time.perf_counter()
+        crm = self.crm_factory(self.loaded)
+        self._crm = crm
+        crm.authenticate()
+        crm.preflight(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD, self.mapper.OWNED_FIELDS)
+        yield self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT})
+
+        # 5. the run-scoped candidate table
+        started = time.perf_counter()
+        self.table_id = candidate_table_id(cfg.state.project, cfg.state.dataset, self.job_name, context.run_id)
+        table = materialize_candidates(self.bq, self.table_id, self.loaded.source_sql(),
+                                       external_ids=context.external_ids, location=cfg.source.location,
+                                       timer=self.warehouse)
+        counts.selected = table.row_count
+        yield self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
+        yield Progress(f"candidate table: {table.row_count} rows")
+        self._heartbeat()
+
+        # 6a. set-based key checks and the source schema
+        started = time.perf_counter()
+        keys = check_keys(self.bq, self.table_id, location=cfg.source.location, timer=self.warehouse)
+        yield self._stage(STAGE_KEYS, started)
+        null_ok = keys.null_or_empty == 0
+        yield CheckOutcome(CHECK_KEYS_NOT_NULL, null_ok,
+                           "every external ID is present" if null_ok else
+                           f"{keys.null_or_empty} rows have a null or empty _outbound_external_id",
+                           {"rows": keys.rows, "null_or_empty": keys.null_or_empty})
+        unique_ok = keys.duplicate_ids == 0
+        yield CheckOutcome(CHECK_KEYS_UNIQUE, unique_ok,
+                           "external IDs are unique" if unique_ok else
+                           f"{keys.duplicate_ids} external IDs occur more than once",
+                           {"duplicate_ids": keys.duplicate_ids,
+                            "sample_id_hashes": [redact_id(x) for x in keys.duplicate_samples]})
+        if not null_ok or not unique_ok:
+            raise _CheckFailed("; ".join(c for c, ok in (
+                (f"{keys.null_or_empty} null or empty external IDs", null_ok),
+                (f"{keys.duplicate_ids} duplicate external IDs", unique_ok)) if not ok))
+
+        # 6b. the no-write validation pass (also counts what the write pass will send)
+        started = time.perf_counter()
+        schema_problems = self.mapper.schema_problems(table.schema)
+        errors: list[str] = []
+        error_count = 0
+        db_now = self._db_now()
+        if not schema_problems:
+            for page in iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
+                                             location=cfg.source.location, timer=self.warehouse):
+                mapped: list[MappedRecord] = []
+                for row in page:
+                    try:
+                        mapped.append(self.mapper.map_record(row))
+                    except MappingError as exc:
+                        error_count += 1
+                        if len(errors) < 10:
+                            who = redact_id(exc.external_id) if exc.external_id else "?"
+                            errors.append(f"row {who}: {exc}")
+                states = self.ledger.read_states([m.external_id for m in mapped])
+                for m in mapped:
+                    decision = decide(m, states.get(m.external_id), now=db_now, force=context.force,
+                                      retry_failed=context.retry_failed, skip_unchanged=cfg.write.skip_unchanged)
+                    if decision == "write":
+                        counts.to_write += 1
+                    elif decision == "unchanged":
+                        counts.unchanged += 1
+                    else:
+                        counts.deferred += 1
+                self._heartbeat()
+        valid = not schema_problems and error_count == 0
+        description = ("every row maps inside the declared ownership" if valid else
+                       "; ".join(schema_problems) if schema_problems else
+                       f"{error_count} rows fail mapping: " + "; ".join(errors[:3]))
+        yield self._stage(STAGE_VALIDATION, started, {"rows": counts.selected})
+        yield CheckOutcome(CHECK_MAPPING, valid, description,
+                           {"schema_problems": schema_problems, "rows_failing": error_count,
+                            "first_errors": errors, "owned_fields": sorted(self.mapper.OWNED_FIELDS)})
+        if not valid:
+            raise _CheckFailed(description)
+        self.ledger.set_selection(context.run_id, counts.selected, counts.unchanged + counts.deferred)
+        total_batches = math.ceil(counts.to_write / cfg.write.batch_size)
+        yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
+                       f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
+        if context.dry_run:
+            return crm
+
+        # 7 + 8. state read and batched writes
+        yield from self._write_pass(context, counts, crm, db_now, total_batches)
+        return crm
+
+    def _write_pass(self, context: JobContext, counts: _Counts, crm: NexusCrmClient, now: datetime,
+                    total_batches: int) -> Iterator[Event]:
+        cfg = self.config
+        size = cfg.write.batch_size
+        ttl = timedelta(seconds=cfg.write.lease_ttl_seconds)
+        mapping_s = [0.0]
+        state_s = [0.0]
+        crm_s = 0.0
+        ledger_s = 0.0
+        written = 0
+
+        def produce() -> Iterator[list[tuple[MappedRecord, RecordState | None]]]:
+            # Runs on the prefetch thread: read a page, map it again, read its states.
+            for page in iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
+                                             location=cfg.source.location, timer=self.warehouse):
+                t = time.perf_counter()
+                mapped = [self.mapper.map_record(row) for row in page]
+                mapping_s[0] += time.perf_counter() - t
+                t = time.perf_counter()
+                states = self.ledger_reader.read_states([m.external_id for m in mapped])
+                state_s[0] += time.perf_counter() - t
+                chosen = []
+                for m in mapped:
+                    prior = states.get(m.external_id)
+                    if decide(m, prior, now=now, force=context.force, retry_failed=context.retry_failed,
+                              skip_unchanged=cfg.write.skip_unchanged) == "write":
+                        chosen.append((m, prior))
+                yield chosen
+
+        batch: list[tuple[MappedRecord, RecordState | None]] = []
+        with _reader_connection(self.ledger) as reader:
+            self.ledger_reader = reader
+            for chosen in _prefetch(produce(), self.prefetch_pages):
+                for item in chosen:
+                    batch.append(item)
+                    if len(batch) == size:
+                        c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
+                        crm_s += c
+                        ledger_s += l
+                        written += len(batch)
+                        batch = []
+            if batch:
+                c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
+                crm_s += c
+                ledger_s += l
+        self.stage_seconds[STAGE_MAPPING] = self.stage_seconds.get(STAGE_MAPPING, 0.0) + mapping_s[0]
+        self.stage_seconds[STAGE_STATE_READ] = state_s[0]
+        self.stage_seconds[STAGE_CRM] = crm_s
+        self.stage_seconds[STAGE_LEDGER] = ledger_s
+
+    def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[tuple[MappedRecord, RecordState | None]],
+              counts: _Counts, total_batches: int, ttl: timedelta) -> Iterator[Event]:
+        cfg = self.config.write
+        self._heartbeat(force=False)
+        number = counts.batches + 1
+        batch_id = f"{context.run_id}:{number:06d}"
+        started = time.perf_counter()
+        outcome = crm.upsert_batch(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD,
+                                   [m.payload for m, _ in batch])
+        crm_seconds = time.perf_counter() - started
+        outcomes: list[AttemptOutcome] = []
+        b = BatchCounts(crm_calls=outcome.attempts)
+        ok = retry = perm = 0
+        codes: dict[str, int] = {}
+        for (m, prior), r in zip(batch, outcome.results, strict=True):
+            if r.external_id != m.external_id:
+                raise RunFailed("NexusCRM client returned results out of request order")
+            same_payload = prior is not None and prior.payload_hash == m.payload_hash
+            attempt = prior.attempt_count + 1 if same_payload else 1
+            delay = None
+            if r.success:
+                status = "succeeded"
+                ok += 1
+            elif r.retryable:
+                status = "retryable_failed"
+                retry += 1
+                delay = outcome.retry_after_s if outcome.retry_after_s is not None else min(
+                    cfg.max_backoff_seconds, cfg.base_backoff_seconds * 2 ** (attempt - 1))
+            else:
+                status = "permanent_failed"
+                perm += 1
+                if not (same_payload and prior.status == "permanent_failed"):
+                    counts.new_permanent += 1
+                if is_blocking(r.error_code):
+                    counts.blocking += 1
+                    self._event("blocking_failure", context, level=logging.ERROR, batch_id=batch_id,
+                                error_code=r.error_code, external_id_hash=redact_id(m.external_id))
+            if r.error_code:
+                codes[r.error_code] = codes.get(r.error_code, 0) + 1
+            outcomes.append(AttemptOutcome(
+                m.external_id, m.payload_hash, m.source_version, attempt, status, r.crm_record_id,
+                outcome.http_status, r.error_code,
+                sanitize_error_message(r.error_message) if r.error_message else None,
+                outcome.duration_ms, delay))
+        b = replace(b, succeeded=ok, retryable_failed=retry, permanently_failed=perm)
+        started = time.perf_counter()
+        try:
+            self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, outcomes, b)
+        finally:
+            ledger_seconds = time.perf_counter() - started
+            self.ledger_commit_ms.append(ledger_seconds * 1000)
+        self._last_renew = time.monotonic()
+        counts.batches += 1
+        counts.crm_calls += outcome.attempts
+        counts.succeeded += ok
+        counts.retryable += retry
+        counts.permanent += perm
+        rejected = retry + perm
+        self._event("batch_committed", context, batch_id=batch_id, batch_size=len(batch), succeeded=ok,
+                    retryable_failed=retry, permanently_failed=perm, http_status=outcome.http_status,
+                    crm_attempts=outcome.attempts, crm_ms=round(crm_seconds * 1000),
+                    ledger_ms=round(ledger_seconds * 1000, 2), error_codes=codes, batch_error=outcome.batch_error)
+        yield Progress(f"batch {number}/{max(total_batches, number)}: {ok} ok, {rejected} rejected"
+                       + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(codes.items()))})" if codes else ""))
+        return crm_seconds, ledger_seconds
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def _final_status(self, context: JobContext, counts: _Counts) -> str:
+        if context.dry_run:
+            return "dry_run"
+        if counts.retryable or counts.permanent or counts.deferred:
+            return "completed_with_errors"
+        return "succeeded"
+
+    def _finish(self, context: JobContext, status: str, counts: _Counts, error: str | None,
+                crm: NexusCrmClient | None) -> JobResult:
+        started = time.perf_counter()
+        crm = crm or getattr(self, "_crm", None)
+        if crm is not None:
+            crm.close()
+        if self.table_id:
+            try:
+                drop_candidates(self.bq, self.table_id)
+            except Exception as exc:  # the 24 h expiration still removes it
+                self._event("cleanup_failed", context, level=logging.WARNING, what="candidate_table",
+                            error=sanitize_error_message(str(exc)))
+        unchanged = counts.unchanged + counts.deferred
+        try:
+            self.ledger.finish_run(
+                context.run_id, status, selected=counts.selected, unchanged=unchanged, succeeded=counts.succeeded,
+                retryable=counts.retryable, permanent=counts.permanent, batches=counts.batches,
+                crm_calls=counts.crm_calls, error_message=error)
+            if status not in ("dry_run", "failed"):
+                prune_attempts(self.ledger.conn, max_chunks=10)
+        except psycopg.Error as exc:
+            self._event("finish_failed", context, level=logging.ERROR, error=sanitize_error_message(str(exc)))
+        finally:
+            if self.lease is not None:
+                try:
+                    self.ledger.release_lease(self.lease)
+                except psycopg.Error as exc:  # it expires on its own
+                    self._event("cleanup_failed", context, level=logging.WARNING, what="lease",
+                                error=sanitize_error_message(str(exc)))
+                self.lease = None
+        self.stage_seconds[STAGE_CLEANUP] = time.perf_counter() - started
+        result = JobResult(
+            status=status,  # type: ignore[arg-type]
+            selected=counts.selected, unchanged=unchanged, succeeded=counts.succeeded,
+            retryable_failed=counts.retryable, permanently_failed=counts.permanent,
+            new_permanent_failures=counts.new_permanent, blocking_failures=counts.blocking,
+            deferred=counts.deferred, would_write=counts.to_write, batches=counts.batches,
+            crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds))
+        self._event("run_finished", context, level=logging.INFO if status != "failed" else logging.ERROR,
+                    status=status, selected=result.selected, unchanged=result.unchanged,
+                    succeeded=result.succeeded, retryable_failed=result.retryable_failed,
+                    permanently_failed=result.permanently_failed, batches=result.batches,
+                    crm_calls=result.crm_calls, error=error)
+        return result
+
+    def _heartbeat(self, force: bool = False) -> None:
+        """Renew the lease when a quarter of its TTL has passed (raises LeaseLost)."""
+        if self.lease is None:
+            return
+        ttl = timedelta(seconds=self.config.write.lease_ttl_seconds)
+        if force or time.monotonic() - self._last_renew > ttl.total_seconds() / 4:
+            self.lease = self.ledger.renew_lease(self.lease, ttl)
+            self._last_renew = time.monotonic()
+
+    def _db_now(self) -> datetime:
+        return self.ledger.conn.execute("SELECT clock_timestamp()").fetchone()[0]
+
+    def _stage(self, stage: str, started: float, metadata: dict | None = None) -> StageDone:
+        seconds = time.perf_counter() - started
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+        return StageDone(stage, seconds, metadata or {})
+
+    def _event(self, event: str, context: JobContext, level: int = logging.INFO, **fields: Any) -> None:
+        log_event(self.log, event, level=level, job_name=self.job_name, run_id=context.run_id, **fields)
+
+
+class _CheckFailed(RuntimeError):
+    """A blocking check failed: the run stops before any write."""
+
+
+class _reader_connection:
+    """A second connection for state reads on the prefetch thread (a psycopg connection
+    is not shared between threads while the main thread commits batches)."""
+
+    def __init__(self, ledger: Ledger) -> None:
+        self.ledger = ledger
+        self.conn: psycopg.Connection | None = None
+
+    def __enter__(self) -> Ledger:
+        info = self.ledger.conn.info
+        self.conn = psycopg.Connection.connect(info.dsn, password=info.password, autocommit=True,
+                                               options=f"-c search_path={_search_path(self.ledger.conn)} -c timezone=UTC")
+        return Ledger(self.conn, self.ledger.job_name, self.ledger.target_object)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.conn is not None:
+            self.conn.close()
+
+
+def _search_path(conn: psycopg.Connection) -> str:
+    return conn.execute("SHOW search_path").fetchone()[0].replace(" ", "")
+
+
+_DONE = object()
+
+
+def _prefetch(source: Iterator[Any], depth: int) -> Iterator[Any]:
+    """Iterate `source` on a background thread, at most `depth` items ahead, so reading
+    and mapping the next page overlaps the CRM call of the current batch."""
+    if depth <= 0:
+        yield from source
+        return
+    items: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def work() -> None:
+        try:
+            for item in source:
+                while not stop.is_set():
+                    try:
+                        items.put((True, item), timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            items.put((True, _DONE))
+        except BaseException as exc:  # handed to the consumer
+            items.put((False, exc))
+
+    thread = threading.Thread(target=work, name="writeback-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            ok, item = items.get()
+            if not ok:
+                raise item
+            if item is _DONE:
+                return
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():
+            try:
+                items.get(timeout=0.1)
+            except queue.Empty:
+                pass
+            thread.join(timeout=0.1)
