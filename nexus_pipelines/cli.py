@@ -90,5 +90,9 @@ def demo() -> None:
     sys.exit(run_demo(click.echo))
 
 
+from nexus_pipelines.workqueue.cli import queue as _queue  # noqa: E402
+
+main.add_command(_queue)
+
 if __name__ == "__main__":
     main()

@@ -7,6 +7,7 @@ from dagster import Definitions, EnvVar
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
+from nexus_pipelines.workqueue.definitions import workqueue_defs
 
 
 def build_resources() -> dict:
@@ -21,4 +22,5 @@ def build_resources() -> dict:
 
 defs = Definitions.merge(
     Definitions(resources=build_resources()),
+    workqueue_defs,
 )

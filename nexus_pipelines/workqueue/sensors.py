@@ -1,0 +1,109 @@
+"""Sensors: launch drains and receipt routers when due work exists.
+
+A tick reads only bounded index probes (due items per queue class, due receipts)
+and Dagster's own run counts. Run keys are deterministic per time bucket and queue
+class (`workqueue-drain:<class>:<bucket>:<n>`), so a repeated tick in the same
+bucket launches nothing new; the number of drains in flight is capped here and by
+the run coordinator's `nexus/queue-drain` tag limit.
+"""
+
+
+import math
+import time
+from collections.abc import Sequence
+
+from dagster import (
+    DagsterRunStatus,
+    DefaultSensorStatus,
+    RunRequest,
+    RunsFilter,
+    SensorEvaluationContext,
+    SkipReason,
+    sensor,
+)
+
+from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.workqueue import stats
+from nexus_pipelines.workqueue.jobs import DRAIN_TAG, ROUTER_TAG, workqueue_drain_job, workqueue_router_job
+from nexus_pipelines.workqueue.registry import QUEUE_CLASSES
+
+MAX_CONCURRENT_DRAINS = 4
+MAX_CONCURRENT_ROUTERS = 2
+ITEMS_PER_DRAIN = 10_000
+BUCKET_S = 60
+_IN_FLIGHT = [
+    DagsterRunStatus.QUEUED,
+    DagsterRunStatus.NOT_STARTED,
+    DagsterRunStatus.STARTING,
+    DagsterRunStatus.STARTED,
+]
+
+
+def _in_flight(context: SensorEvaluationContext, job_name: str) -> int:
+    return context.instance.get_runs_count(RunsFilter(job_name=job_name, statuses=_IN_FLIGHT))
+
+
+def drain_requests(
+    due: dict[str, int], *, in_flight: int, bucket: int, job_name: str, max_concurrent: int = MAX_CONCURRENT_DRAINS
+) -> list[RunRequest]:
+    requests: list[RunRequest] = []
+    free = max(max_concurrent - in_flight, 0)
+    for queue_class, count in sorted(due.items()):
+        wanted = min(math.ceil(count / ITEMS_PER_DRAIN), free - len(requests))
+        for n in range(max(wanted, 0)):
+            requests.append(
+                RunRequest(
+                    run_key=f"{job_name}:{queue_class}:{bucket}:{n}",
+                    run_config={"ops": {f"{job_name}_op": {"config": {"queue_classes": [queue_class]}}}},
+                    tags={DRAIN_TAG: queue_class, "nexus/queue-class": queue_class},
+                )
+            )
+    return requests
+
+
+def build_drain_sensor(job=workqueue_drain_job, queue_classes: Sequence[str] = QUEUE_CLASSES):
+    @sensor(
+        name=f"{job.name}_sensor",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Launches drains while claimable work is due (capped concurrent drains).",
+    )
+    def drain_sensor(context: SensorEvaluationContext, control_plane: ControlPlaneResource):
+        in_flight = _in_flight(context, job.name)
+        if in_flight >= MAX_CONCURRENT_DRAINS:
+            return SkipReason(f"{in_flight} drains already queued or running")
+        with control_plane.connection() as conn:
+            due = {k: v for k, v in stats.due_work(conn, queue_classes).items() if v > 0}
+        if not due:
+            return SkipReason("no due work items in active generations")
+        bucket = int(time.time() // BUCKET_S)
+        return drain_requests(due, in_flight=in_flight, bucket=bucket, job_name=job.name)
+
+    return drain_sensor
+
+
+def build_router_sensor(job=workqueue_router_job):
+    @sensor(
+        name=f"{job.name}_sensor",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Launches a receipt router while receipts are due.",
+    )
+    def router_sensor(context: SensorEvaluationContext, control_plane: ControlPlaneResource):
+        in_flight = _in_flight(context, job.name)
+        if in_flight >= MAX_CONCURRENT_ROUTERS:
+            return SkipReason(f"{in_flight} routers already queued or running")
+        with control_plane.connection() as conn:
+            due = stats.due_receipts(conn)
+        if due == 0:
+            return SkipReason("no due receipts")
+        bucket = int(time.time() // BUCKET_S)
+        return [RunRequest(run_key=f"{job.name}:{bucket}", tags={ROUTER_TAG: "router"})]
+
+    return router_sensor
+
+
+workqueue_drain_sensor = build_drain_sensor()
+workqueue_router_sensor = build_router_sensor()
