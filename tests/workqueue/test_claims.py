@@ -1,0 +1,225 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+
+from nexus_pipelines.control.db import connect
+from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue.claims import Failure
+from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
+from nexus_pipelines.workqueue.retry import RetryPolicy
+
+from .conftest import enqueue, expire_leases, items, state_of
+
+TTL = timedelta(seconds=30)
+
+
+def claim(conn, reg, n=100, owner="w1", ttl=TTL, **kw):
+    return claims.claim_batch(conn, owner=owner, limit=n, lease_ttl=ttl, registration_ids=[reg], **kw)
+
+
+def test_batch_claim_gives_tokens_owner_and_db_lease(control_conn, reg):
+    enqueue(control_conn, reg, items(5))
+    got = claim(control_conn, reg, 3)
+    assert len(got) == 3
+    assert all(i.lease_owner == "w1" and i.attempts == 1 for i in got)
+    tokens = [i.token for i in got]
+    assert len(set(tokens)) == 3
+    (db_now,) = control_conn.execute("SELECT now()").fetchone()
+    assert all(timedelta(seconds=25) < i.lease_until - db_now <= TTL for i in got)
+    rest = claim(control_conn, reg, 10, owner="w2")
+    assert len(rest) == 2 and min(i.token for i in rest) > max(tokens)
+    assert claim(control_conn, reg, 10) == []
+
+
+def test_tokens_strictly_increase_across_reclaims(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    seen = []
+    for _ in range(3):
+        (item,) = claim(control_conn, reg, ttl=timedelta(seconds=30))
+        seen.append(item.token)
+        expire_leases(control_conn, reg)
+        claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=0, cap_s=0))
+    assert seen == sorted(seen) and len(set(seen)) == 3
+
+
+def test_finalizers_are_fenced_by_token(control_conn, reg):
+    enqueue(control_conn, reg, items(2))
+    a, b = claim(control_conn, reg, 2)
+    forged = (a.work_id, a.token + 1000)
+    assert claims.renew(control_conn, [forged], TTL) == set()
+    assert claims.complete(control_conn, [forged]) == set()
+    assert claims.finalize_failures(control_conn, [Failure(a.work_id, a.token - 1, "x", "y")]) == {}
+    assert claims.renew(control_conn, [a.fence, b.fence], TTL) == {a.work_id, b.work_id}
+    assert claims.complete(control_conn, [a.fence]) == {a.work_id}
+    assert claims.complete(control_conn, [a.fence]) == set()  # already completed: nothing twice
+    assert claims.retry(control_conn, b, "Boom", "failed", policy=RetryPolicy(base_s=10, cap_s=10)) == "retry"
+    assert state_of(control_conn, b.work_id)[0] == "retry"
+    assert claim(control_conn, reg) == []  # backoff: not due yet
+
+
+def test_paused_holder_after_expiry_and_reclaim_cannot_renew_or_complete(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    (stale,) = claim(control_conn, reg, owner="paused", ttl=timedelta(milliseconds=200))
+    # the holder "pauses"; its lease expires by the database clock
+    control_conn.execute("SELECT pg_sleep(0.3)")
+    assert claims.complete(control_conn, [stale.fence]) == set()  # expired: rejected even before reclaim
+    rec = claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=0, cap_s=0))
+    assert rec.retried >= 1
+    (fresh,) = claim(control_conn, reg, owner="other")
+    assert fresh.work_id == stale.work_id and fresh.token > stale.token and fresh.attempts == 2
+    # the paused holder wakes up
+    assert claims.renew(control_conn, [stale.fence], TTL) == set()
+    assert claims.complete(control_conn, [stale.fence]) == set()
+    assert claims.fail(control_conn, stale, "x", "y") is False
+    assert claims.complete(control_conn, [fresh.fence]) == {fresh.work_id}
+    assert state_of(control_conn, fresh.work_id)[:3] == ("completed", 2, fresh.token)
+
+
+def test_reclaim_counts_attempts_and_poison_item_reaches_dead(control_conn, reg):
+    enqueue(control_conn, reg, items(1, max_attempts=3))
+    for attempt in range(1, 4):
+        (item,) = claim(control_conn, reg)
+        assert item.attempts == attempt
+        expire_leases(control_conn, reg)
+        claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=0, cap_s=0))
+    state, attempts, _, reclaims = state_of(control_conn, item.work_id)
+    assert (state, attempts, reclaims) == ("dead", 3, 3)
+    assert claim(control_conn, reg) == []
+    (fclass, summary) = control_conn.execute(
+        "SELECT failure_class, failure_summary FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone()
+    assert fclass == "lease_expired" and "attempt 3 of 3" in summary
+
+
+def test_failures_retry_with_backoff_then_dead_at_max_attempts(control_conn, reg):
+    enqueue(control_conn, reg, items(1, max_attempts=2))
+    (item,) = claim(control_conn, reg)
+    assert claims.finalize_failures(control_conn, [Failure(item.work_id, item.token, "E", "s", delay_s=0)]) == {
+        item.work_id: "retry"
+    }
+    (item,) = claim(control_conn, reg)
+    assert claims.finalize_failures(control_conn, [Failure(item.work_id, item.token, "E", "s", delay_s=0)]) == {
+        item.work_id: "dead"
+    }
+
+
+def test_permanent_failure_is_dead_at_once_and_summary_is_sanitized(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    (item,) = claim(control_conn, reg)
+    secret = "password=hunter2 Authorization: Bearer abcdefghijklmnopqrstuvwxyz0123456789 " + "x" * 2000
+    assert claims.fail(control_conn, item, "Rejected", secret)
+    (summary,) = control_conn.execute(
+        "SELECT failure_summary FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone()
+    assert "hunter2" not in summary and "abcdefghijklmnop" not in summary and len(summary) <= 500
+
+
+# --- lanes ---------------------------------------------------------------------------------
+
+
+def test_source_lane_only_head_is_claimable(control_conn, reg):
+    enqueue(control_conn, reg, items(3, source_lane_key="lane-a") + items(1, source_lane_key="lane-b"))
+    got = claim(control_conn, reg, 10)
+    assert sorted(i.source_lane_key for i in got) == ["lane-a", "lane-b"]
+    head_a = next(i for i in got if i.source_lane_key == "lane-a")
+    claims.complete(control_conn, [head_a.fence])
+    (nxt,) = claim(control_conn, reg, 10)
+    assert nxt.source_lane_key == "lane-a" and nxt.work_id > head_a.work_id
+
+
+def test_target_lane_serializes_in_flight_items(control_conn, reg):
+    enqueue(control_conn, reg, [NewWork(f"t{i}-{reg}", "t", source_lane_key=f"s{i}", target_lane_key="hot") for i in range(3)])
+    got = claim(control_conn, reg, 10)
+    assert len(got) == 1
+    assert claim(control_conn, reg, 10) == []
+    claims.complete(control_conn, [got[0].fence])
+    assert len(claim(control_conn, reg, 10)) == 1
+
+
+def test_database_enforces_one_running_item_per_lane(control_conn, reg):
+    enqueue(control_conn, reg, [NewWork(f"u{i}-{reg}", "t", target_lane_key="tgt", source_lane_key=f"s{i}") for i in range(2)])
+    enqueue(control_conn, reg, [NewWork(f"v{i}-{reg}", "t", source_lane_key="src") for i in range(2)], activate_it=False)
+    for lane_col, key in (("target_lane_key", "tgt"), ("source_lane_key", "src")):
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            control_conn.execute(
+                f"UPDATE connector_work_items SET state = 'running', lease_owner = 'x', lease_token = 1,"
+                f" lease_until = now() + interval '1 minute' WHERE registration_id = %s AND {lane_col} = %s",
+                (reg, key),
+            )
+
+
+def test_retry_waiting_item_holds_its_source_lane_but_not_its_target_lane(control_conn, reg):
+    """The documented lane decision (claims.py)."""
+    enqueue(
+        control_conn,
+        reg,
+        [
+            NewWork(f"a1-{reg}", "t", source_lane_key="A", target_lane_key="T"),
+            NewWork(f"a2-{reg}", "t", source_lane_key="A"),
+            NewWork(f"b1-{reg}", "t", source_lane_key="B", target_lane_key="T"),
+        ],
+    )
+    first = claim(control_conn, reg, 10)
+    a1 = next(i for i in first if i.source_lane_key == "A")
+    assert a1.target_lane_key == "T" and {i.source_lane_key for i in first} == {"A"}  # b1 waits on target T
+    claims.finalize_failures(control_conn, [Failure(a1.work_id, a1.token, "E", "s", delay_s=3600)])
+    # a1 waits to retry: lane A stays blocked (a2 is not claimable) but target T is free for b1
+    got = claim(control_conn, reg, 10)
+    assert [i.source_lane_key for i in got] == ["B"]
+
+
+def test_dead_lettering_releases_lanes(control_conn, reg):
+    enqueue(
+        control_conn,
+        reg,
+        [NewWork(f"d1-{reg}", "t", source_lane_key="A", target_lane_key="T"), NewWork(f"d2-{reg}", "t", source_lane_key="A", target_lane_key="T")],
+    )
+    (first,) = claim(control_conn, reg, 10)
+    assert claims.fail(control_conn, first, "Rejected", "no")
+    (second,) = claim(control_conn, reg, 10)
+    assert second.work_id > first.work_id
+
+
+def test_items_without_lanes_do_not_participate(control_conn, reg):
+    enqueue(control_conn, reg, items(5))
+    assert len(claim(control_conn, reg, 10)) == 5
+
+
+def test_only_registered_work_types_and_queue_classes_are_claimed(control_conn, reg):
+    enqueue(control_conn, reg, items(2, "a") + items(2, "b", queue_class="bulk"))
+    assert {i.work_type for i in claim(control_conn, reg, 10, work_types=["a"])} == {"a"}
+    got = claim(control_conn, reg, 10, queue_classes=["bulk"])
+    assert {(i.work_type, i.queue_class) for i in got} == {("b", "bulk")}
+
+
+def test_claim_returns_event_payload(control_conn, reg):
+    enqueue(control_conn, reg, [NewWork(f"p-{reg}", "t", payload={"n": 7})])
+    (item,) = claim(control_conn, reg)
+    assert item.payload == {"n": 7}
+
+
+def test_enqueue_is_idempotent_per_event_and_work_type(control_conn, reg):
+    batch = items(3)
+    assert enqueue_work_items(control_conn, batch, registration_id=reg, revision=1) == 3
+    assert enqueue_work_items(control_conn, batch, registration_id=reg, revision=1) == 0
+    (count,) = control_conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchone()
+    assert count == 3
+
+
+def test_events_are_immutable(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+        control_conn.execute("UPDATE connector_outbox_events SET source_id = 'x' WHERE registration_id = %s", (reg,))
+
+
+def test_unique_event_work_type(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        control_conn.execute(
+            "INSERT INTO connector_work_items (event_id, registration_id, revision, work_type)"
+            " SELECT event_id, registration_id, revision, work_type FROM connector_work_items WHERE registration_id = %s",
+            (reg,),
+        )
