@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue.generations import (
+    GenerationGateError,
+    activate,
+    drain_status,
+    quiesce,
+    record_drained,
+)
+
+from .conftest import enqueue, items
+
+TTL = timedelta(seconds=30)
+
+
+def claim(conn, reg, n=100):
+    return claims.claim_batch(conn, owner="w", limit=n, lease_ttl=TTL, registration_ids=[reg])
+
+
+def test_items_are_not_claimable_before_a_durable_activation_receipt(control_conn, reg):
+    enqueue(control_conn, reg, items(3), activate_it=False)
+    assert claim(control_conn, reg) == []
+    receipt = activate(control_conn, reg, 1, recorded_by="op", route_versions={"bulk": 1})
+    row = control_conn.execute(
+        "SELECT kind, proof->'route_versions' FROM workqueue_generation_receipts WHERE receipt_id = %s",
+        (receipt.receipt_id,),
+    ).fetchone()
+    assert row == ("activation", {"bulk": 1})
+    assert len(claim(control_conn, reg)) == 3
+    # activation is idempotent for an active generation
+    assert activate(control_conn, reg, 1, recorded_by="op", route_versions={"bulk": 1}).receipt_id == receipt.receipt_id
+
+
+def test_quiesce_stops_claims_and_reports_lease_drain(control_conn, reg):
+    enqueue(control_conn, reg, items(4))
+    held = claim(control_conn, reg, 2)
+    status = quiesce(control_conn, reg, 1, recorded_by="op")
+    assert status.status == "quiescing" and status.active_leases == 2 and not status.drained
+    assert claim(control_conn, reg) == []  # the two pending items are no longer claimable
+    with pytest.raises(GenerationGateError, match="still holds 2 active"):
+        record_drained(control_conn, reg, 1, recorded_by="op")
+    # in-flight items may still finish under their leases
+    assert claims.complete(control_conn, [i.fence for i in held]) == {i.work_id for i in held}
+    assert drain_status(control_conn, reg, 1).drained
+    proof = record_drained(control_conn, reg, 1, recorded_by="op")
+    assert proof.kind == "drained" and proof.proof["active_leases"] == 0
+    assert drain_status(control_conn, reg, 1).status == "quiesced"
+
+
+def test_expired_leases_block_the_drain_proof_until_reclaimed(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    claim(control_conn, reg)
+    quiesce(control_conn, reg, 1, recorded_by="op")
+    control_conn.execute(
+        "UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE registration_id = %s", (reg,)
+    )
+    status = drain_status(control_conn, reg, 1)
+    assert (status.active_leases, status.expired_leases) == (0, 1)
+    with pytest.raises(GenerationGateError):
+        record_drained(control_conn, reg, 1, recorded_by="op")
+    claims.reclaim_expired(control_conn)
+    record_drained(control_conn, reg, 1, recorded_by="op")
+
+
+def test_ambiguous_ownership_fails_closed(control_conn, reg):
+    enqueue(control_conn, reg, items(1))  # revision 1 active
+    with pytest.raises(GenerationGateError, match="revision 1 .* still active"):
+        activate(control_conn, reg, 2, recorded_by="op", route_versions={})
+    claim(control_conn, reg)
+    quiesce(control_conn, reg, 1, recorded_by="op")
+    with pytest.raises(GenerationGateError, match="without a drain proof"):
+        activate(control_conn, reg, 2, recorded_by="op", route_versions={})
+    control_conn.execute("UPDATE connector_work_items SET state = 'completed', lease_until = NULL WHERE registration_id = %s", (reg,))
+    record_drained(control_conn, reg, 1, recorded_by="op")
+    activate(control_conn, reg, 2, recorded_by="op", route_versions={})
+    # a generation owned by another claim path (reserved rollback states) is never activated
+    control_conn.execute(
+        "INSERT INTO workqueue_generations (registration_id, revision, status) VALUES (%s, 3, 'legacy')", (reg,)
+    )
+    control_conn.execute("UPDATE workqueue_generations SET status = 'quiesced' WHERE registration_id = %s AND revision = 2", (reg,))
+    with pytest.raises(GenerationGateError):
+        activate(control_conn, reg, 3, recorded_by="op", route_versions={})
+    with pytest.raises(GenerationGateError, match="never activated"):
+        quiesce(control_conn, reg, 9, recorded_by="op")
+
+
+def test_database_allows_one_active_generation_per_registration(control_conn, reg):
+    import psycopg
+
+    activate(control_conn, reg, 1, recorded_by="op", route_versions={})
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        control_conn.execute(
+            "INSERT INTO workqueue_generations (registration_id, revision, status) VALUES (%s, 2, 'active')", (reg,)
+        )
+
+
+def test_generation_receipts_are_immutable(control_conn, reg):
+    import psycopg
+
+    activate(control_conn, reg, 1, recorded_by="op", route_versions={})
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+        control_conn.execute(
+            "UPDATE workqueue_generation_receipts SET recorded_by = 'x' WHERE registration_id = %s", (reg,)
+        )

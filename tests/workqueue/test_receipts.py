@@ -1,0 +1,195 @@
+from __future__ import annotations
+
+import threading
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from nexus_pipelines.control.db import connect
+from nexus_pipelines.workqueue.receipts import (
+    EventSpec,
+    LeaseLostError,
+    ReceiptIn,
+    Route,
+    RoutingRejected,
+    WorkSpec,
+    admit_receipt,
+    claim_receipts,
+    materialize,
+    route_receipts,
+)
+from nexus_pipelines.workqueue.retry import RetryPolicy
+
+NOW = datetime(2026, 11, 29, tzinfo=timezone.utc)
+FAST = RetryPolicy(base_s=0, cap_s=0, jitter=0)
+
+
+def receipt(reg: str, delivery: str, *, key: str | None = None, route_key: str = "issues", **kw) -> ReceiptIn:
+    body = {"issue": key or delivery, "action": "updated"}
+    return ReceiptIn(
+        registration_id=reg, revision=1, namespace="tracker", delivery_id=delivery, route_key=route_key,
+        received_at=NOW, body=body, correlation={"request_id": f"rq-{delivery}"}, **kw,
+    )
+
+
+def issue_events(r) -> list[EventSpec]:
+    issue = r.body["issue"]
+    return [
+        EventSpec(
+            source_kind="issue", source_id=issue, idempotency_key=f"issue:{issue}:{r.body['action']}",
+            payload=r.body,
+            work=[
+                WorkSpec("ticket.observe", source_lane_key=f"issue:{issue}", target_lane_key=f"ticket:{issue}"),
+                WorkSpec("audit.note", queue_class="bulk"),
+            ],
+        )
+    ]
+
+
+ROUTES = {"issues": Route("issues", 3, issue_events)}
+
+
+def counts(conn, reg):
+    return conn.execute(
+        """SELECT (SELECT count(*) FROM connector_outbox_events WHERE registration_id = %(r)s),
+                  (SELECT count(*) FROM connector_work_items WHERE registration_id = %(r)s)""",
+        {"r": reg},
+    ).fetchone()
+
+
+def test_admit_is_idempotent_per_delivery(control_conn, reg):
+    first = admit_receipt(control_conn, receipt(reg, "d1"))
+    again = admit_receipt(control_conn, receipt(reg, "d1"))
+    assert first.created and not again.created and again.receipt_id == first.receipt_id
+
+
+def test_receipt_without_body_is_refused():
+    with pytest.raises(ValueError, match="body"):
+        ReceiptIn(registration_id="r", revision=1, namespace="n", delivery_id="d", route_key="k", received_at=NOW)
+
+
+def test_routing_materializes_events_and_work_items_in_one_go(control_conn, reg):
+    rid = admit_receipt(control_conn, receipt(reg, "d1")).receipt_id
+    report = route_receipts(control_conn, ROUTES, owner="router-1", limit=10)
+    assert report.materialized >= 1
+    assert counts(control_conn, reg) == (1, 2)
+    status, event_ids, token = control_conn.execute(
+        "SELECT routing_status, enqueued_event_ids, router_token FROM ingress_receipts WHERE receipt_id = %s", (rid,)
+    ).fetchone()
+    assert status == "materialized" and len(event_ids) == 1 and token is not None
+    route_id, version, receipt_id = control_conn.execute(
+        "SELECT route_id, route_version, receipt_id FROM connector_outbox_events WHERE event_id = %s", (event_ids[0],)
+    ).fetchone()
+    assert (route_id, version, receipt_id) == ("issues", 3, rid)
+
+
+def test_duplicate_receipts_and_router_retries_create_nothing_twice(control_conn, reg):
+    admit_receipt(control_conn, receipt(reg, "d1", key="I-1"))
+    admit_receipt(control_conn, receipt(reg, "d1", key="I-1"))  # redelivery: same receipt
+    admit_receipt(control_conn, receipt(reg, "d2", key="I-1"))  # new delivery of the same logical event
+    route_receipts(control_conn, ROUTES, owner="r1", limit=10)
+    assert counts(control_conn, reg) == (1, 2)
+    statuses = control_conn.execute(
+        "SELECT routing_status, enqueued_event_ids FROM ingress_receipts WHERE registration_id = %s ORDER BY receipt_id",
+        (reg,),
+    ).fetchall()
+    assert [s for s, _ in statuses] == ["materialized", "materialized"]
+    assert statuses[0][1] == statuses[1][1]  # both point at the one event
+    # a router retry of an already materialized spec (same keys) creates nothing either
+    admit_receipt(control_conn, receipt(reg, "d3", key="I-1"))
+    route_receipts(control_conn, ROUTES, owner="r2", limit=10)
+    assert counts(control_conn, reg) == (1, 2)
+
+
+def test_stale_router_writes_nothing_and_the_receipt_survives_a_router_crash(control_conn, control_dsn, reg):
+    admit_receipt(control_conn, receipt(reg, "d1"))
+    # router 1 claims, then "crashes" (its lease runs out)
+    (stale,) = [r for r in claim_receipts(control_conn, owner="r1", limit=100, lease_ttl=timedelta(milliseconds=100)) if r.registration_id == reg]
+    control_conn.execute("SELECT pg_sleep(0.2)")
+    # after a restart a new router (new connection) picks the receipt up again
+    with connect(control_dsn) as fresh:
+        report = route_receipts(fresh, ROUTES, owner="r2", limit=100)
+    assert report.materialized >= 1
+    # the stale router wakes up and tries to materialize: rejected, nothing written
+    with pytest.raises(LeaseLostError):
+        materialize(control_conn, stale, ROUTES["issues"], issue_events(stale))
+    assert counts(control_conn, reg) == (1, 2)
+    attempts = control_conn.execute(
+        "SELECT routing_attempts FROM ingress_receipts WHERE registration_id = %s", (reg,)
+    ).fetchone()[0]
+    assert attempts == 2
+
+
+def test_concurrent_routers_materialize_each_receipt_once(control_dsn, reg):
+    with connect(control_dsn) as conn:
+        for i in range(40):
+            admit_receipt(conn, receipt(reg, f"d{i}", key=f"I-{i % 25}"))
+    errors: list[BaseException] = []
+
+    def router(n: int) -> None:
+        try:
+            with connect(control_dsn) as conn:
+                for _ in range(50):
+                    if route_receipts(conn, ROUTES, owner=f"router-{n}", limit=3).claimed == 0:
+                        break
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=router, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    with connect(control_dsn) as conn:
+        assert counts(conn, reg) == (25, 50)
+        (left,) = conn.execute(
+            "SELECT count(*) FROM ingress_receipts WHERE registration_id = %s AND routing_status <> 'materialized'",
+            (reg,),
+        ).fetchone()
+    assert left == 0
+
+
+def test_routing_failures_retry_then_fail_terminally(control_conn, reg):
+    calls = []
+
+    def flaky(r):
+        calls.append(r.attempts)
+        raise RuntimeError("upstream parser exploded token=abc123secretvalue")
+
+    routes = {"issues": Route("issues", 1, flaky)}
+    rid = admit_receipt(control_conn, receipt(reg, "d1", max_routing_attempts=3)).receipt_id
+    for _ in range(5):
+        route_receipts(control_conn, routes, owner="r", limit=100, policy=FAST)
+    status, attempts, error = control_conn.execute(
+        "SELECT routing_status, routing_attempts, routing_error FROM ingress_receipts WHERE receipt_id = %s", (rid,)
+    ).fetchone()
+    assert status == "failed" and attempts == 3 and calls == [1, 2, 3]
+    assert "abc123secretvalue" not in error and "RuntimeError" in error
+    assert counts(control_conn, reg) == (0, 0)
+
+
+def test_rejected_and_unknown_routes(control_conn, reg):
+    def reject(r):
+        raise RoutingRejected("payload kind is not supported")
+
+    a = admit_receipt(control_conn, receipt(reg, "d1")).receipt_id
+    b = admit_receipt(control_conn, receipt(reg, "d2", route_key="nope")).receipt_id
+    route_receipts(control_conn, {"issues": Route("issues", 1, reject)}, owner="r", limit=100, policy=FAST)
+    rows = dict(
+        control_conn.execute(
+            "SELECT receipt_id, routing_status FROM ingress_receipts WHERE receipt_id = ANY(%s)", ([a, b],)
+        ).fetchall()
+    )
+    assert rows == {a: "failed", b: "pending"}  # rejected is terminal; an unknown route is retried
+
+
+def test_router_that_keeps_dying_reaches_terminal_failure(control_conn, reg):
+    rid = admit_receipt(control_conn, receipt(reg, "d1", max_routing_attempts=2)).receipt_id
+    for _ in range(3):
+        claim_receipts(control_conn, owner="dies", limit=100, lease_ttl=timedelta(milliseconds=1))
+        control_conn.execute("SELECT pg_sleep(0.01)")
+    status, error_class = control_conn.execute(
+        "SELECT routing_status, routing_error_class FROM ingress_receipts WHERE receipt_id = %s", (rid,)
+    ).fetchone()
+    assert (status, error_class) == ("failed", "attempts_exhausted")
