@@ -8,6 +8,7 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
 from nexus_pipelines.workqueue.definitions import workqueue_defs
+from nexus_pipelines.writeback.definitions import defs as writeback_defs
 
 
 def build_resources() -> dict:
@@ -23,4 +24,5 @@ def build_resources() -> dict:
 defs = Definitions.merge(
     Definitions(resources=build_resources()),
     workqueue_defs,
+    writeback_defs,
 )

@@ -1,0 +1,136 @@
+"""The writeback through Dagster: the asset graph materializes, a failing blocking check
+stops the write, a canary touches only the named external IDs, lineage and schedule."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+from dagster import AssetKey, DagsterInstance, DefaultScheduleStatus, materialize
+
+from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.integrations.resources import BigQueryClientResource
+from nexus_pipelines.writeback.assets import asset_keys, build_writeback_assets, source_asset_spec
+from nexus_pipelines.definitions import defs as writeback_defs
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
+from nexus_pipelines.writeback.registry import get_job
+
+from .conftest import CONFIG_DIR, config_dict, crm_factory, new_state
+
+DEFINITION = get_job("month_end_arr")
+KEYS = asset_keys(DEFINITION)
+
+
+class SimCrm:
+    def __init__(self, state):
+        self.state = state
+
+    def factory(self):
+        return crm_factory(self.state)
+
+
+def write_config(tmp_path: Path, source_dataset: str) -> str:
+    data = config_dict(source_dataset, f"ctl_{uuid.uuid4().hex[:6]}")
+    rel = os.path.relpath(CONFIG_DIR, tmp_path)
+    data["source"]["sql_file"] = f"{rel}/{data['source']['sql_file']}"
+    data["source"]["readiness_sql_file"] = f"{rel}/{data['source']['readiness_sql_file']}"
+    path = tmp_path / "month_end_arr.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def run(tmp_path, control_dsn, bq_emulator_url, state, source_dataset, **options):
+    assets = [source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)]
+    resources = {
+        "control_plane": ControlPlaneResource(dsn=control_dsn),
+        "bigquery": BigQueryClientResource(project="nexus-test", location="US", emulator_url=bq_emulator_url),
+        "nexuscrm_writeback": SimCrm(state),
+    }
+    instance = options.pop("instance", None) or DagsterInstance.ephemeral()
+    config = {"config_path": write_config(tmp_path, source_dataset), **options}
+    return materialize(assets, resources=resources, raise_on_error=False, instance=instance,
+                       run_config={"ops": {"writeback_month_end_arr": {"config": config}}})
+
+
+@pytest.fixture(scope="module")
+def source(bq_client):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 60)
+    return dataset
+
+
+def test_asset_graph_materializes_with_checks_and_metadata(tmp_path, control_dsn, bq_emulator_url, source, control_conn):
+    state = new_state()
+    instance = DagsterInstance.ephemeral()
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, source, instance=instance)
+    assert result.success
+    materialized = {e.asset_key for e in result.get_asset_materialization_events()}
+    assert materialized == {KEYS["readiness"], KEYS["candidates"], KEYS["validated"], KEYS["crm"]}
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks == {"source_ready": True, "source_fresh": True, "external_id_not_null": True,
+                      "external_id_unique": True, "mapping_and_ownership": True}
+    crm_meta = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
+                if e.asset_key == KEYS["crm"]][0].metadata
+    assert crm_meta["succeeded"].value == 60 and crm_meta["selected"].value == 60 and crm_meta["batches"].value == 1
+    assert crm_meta["status"].value == "succeeded"
+    run_row = control_conn.execute("SELECT status, run_id FROM outbound_runs WHERE run_id = %s", (result.run_id,)).fetchone()
+    assert run_row == ("succeeded", result.run_id)  # the Dagster run id is the ledger run id
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any("batch 1/1: 60 ok, 0 rejected" in m for m in logs)
+    assert len(state.records("Month_End_ARR__c")) == 60
+
+
+def test_failing_blocking_check_stops_the_write(tmp_path, control_dsn, bq_emulator_url, bq_client, control_conn):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 20)
+    mark_load(bq_client, dataset, load_run_id="load-x", status="running")  # not ready
+    state = new_state()
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, dataset)
+    assert not result.success
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    assert checks["source_ready"] is False
+    materialized = {e.asset_key for e in result.get_asset_materialization_events()}
+    assert KEYS["crm"] not in materialized and KEYS["candidates"] not in materialized
+    assert state.calls().get("upsert", 0) == 0 and state.calls().get("token", 0) == 0
+    assert control_conn.execute("SELECT status FROM outbound_runs WHERE run_id = %s", (result.run_id,)).fetchone() == ("failed",)
+    assert control_conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
+
+
+def test_canary_run_touches_only_named_external_ids(tmp_path, control_dsn, bq_emulator_url, source, control_conn):
+    state = new_state()
+    wanted = ["001000000000000:2025-03", "001000000000002:2025-07"]
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, source, external_ids=wanted, force=True)
+    assert result.success
+    written = sorted(r["Month_End_ARR_Key__c"] for r in state.records("Month_End_ARR__c"))
+    assert written == sorted(wanted)
+    assert [e.record_count for e in state.request_log() if e.path.startswith("/services/data") and "composite" in e.path] == [2]
+    attempts = control_conn.execute("SELECT DISTINCT external_id FROM outbound_record_attempts WHERE run_id = %s",
+                                    (result.run_id,)).fetchall()
+    assert sorted(a[0] for a in attempts) == sorted(wanted)
+
+
+def test_dry_run_from_launchpad_writes_nothing(tmp_path, control_dsn, bq_emulator_url, source, control_conn):
+    state = new_state()
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, source, dry_run=True)
+    assert result.success
+    assert state.calls().get("upsert", 0) == 0
+    row = control_conn.execute("SELECT status, selected_rows FROM outbound_runs WHERE run_id = %s", (result.run_id,)).fetchone()
+    assert row == ("dry_run", 60)
+
+
+def test_definitions_lineage_and_paused_schedule():
+    repo = writeback_defs.get_repository_def()
+    graph = repo.asset_graph
+    assert KEYS["source"] in graph.get(KEYS["readiness"]).parent_keys
+    assert KEYS["readiness"] in graph.get(KEYS["candidates"]).parent_keys
+    assert KEYS["candidates"] in graph.get(KEYS["validated"]).parent_keys
+    assert KEYS["validated"] in graph.get(KEYS["crm"]).parent_keys
+    schedule = writeback_defs.get_schedule_def("writeback_month_end_arr_schedule")
+    assert schedule.cron_schedule == "0 3 * * *" and schedule.execution_timezone == "UTC"
+    assert schedule.default_status == DefaultScheduleStatus.STOPPED
+    job = writeback_defs.get_job_def("writeback_month_end_arr_job")
+    assert job.tags["nexus/writeback-job"] == "month_end_arr"
+    assert AssetKey(["nexuscrm_control", "ledger_export"]) in graph.get_all_asset_keys()
