@@ -1,0 +1,146 @@
+"""Strict job config (seed 004 section 6) and safe SQL path resolution."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from nexus_pipelines.settings import PROJECT_ROOT
+from nexus_pipelines.writeback.config import ConfigError, check_target_url, load_config, parse_config, render_sql
+
+from .conftest import CONFIG_DIR, config_dict
+
+
+def parse(data):
+    return parse_config(data, base_dir=CONFIG_DIR)
+
+
+def with_change(path: str, value, *, delete: bool = False):
+    data = copy.deepcopy(config_dict("src"))
+    *parents, last = path.split(".")
+    node = data
+    for p in parents:
+        node = node[p]
+    if delete:
+        del node[last]
+    else:
+        node[last] = value
+    return data
+
+
+def test_repository_configs_load():
+    for name in ("month_end_arr.yaml", "month_end_arr.local.yaml"):
+        loaded = load_config(CONFIG_DIR / name)
+        assert loaded.sql_path == PROJECT_ROOT / "sql" / "jobs" / "month_end_arr.sql"
+        assert "finance_marts.month_end_arr" in loaded.source_sql()
+        assert loaded.config.write.delete_policy == "ignore" and loaded.config.schedule.paused is True
+    assert load_config(CONFIG_DIR / "month_end_arr.yaml").config.target.local_mode is False
+
+
+@pytest.mark.parametrize("path,value", [
+    ("surprise", 1),
+    ("source.surprise", 1),
+    ("target.client_secret", "s3cr3t"),  # a secret value instead of an env-var name
+    ("write.upsert_mode", "bulk"),
+])
+def test_unknown_keys_are_rejected(path, value):
+    with pytest.raises(ConfigError, match="unknown key"):
+        parse(with_change(path, value))
+
+
+@pytest.mark.parametrize("size", [0, -1, 201, 1000])
+def test_batch_size_outside_1_to_200_is_rejected(size):
+    with pytest.raises(ConfigError, match="write.batch_size"):
+        parse(with_change("write.batch_size", size))
+
+
+@pytest.mark.parametrize("size", [1, 200])
+def test_batch_size_bounds_are_accepted(size):
+    assert parse(with_change("write.batch_size", size)).config.write.batch_size == size
+
+
+@pytest.mark.parametrize("policy", ["delete", "soft_delete", "", None])
+def test_delete_policy_other_than_ignore_is_rejected(policy):
+    with pytest.raises(ConfigError, match="delete_policy"):
+        parse(with_change("write.delete_policy", policy))
+
+
+def test_all_or_none_true_is_rejected():
+    with pytest.raises(ConfigError, match="all_or_none"):
+        parse(with_change("write.all_or_none", True))
+
+
+@pytest.mark.parametrize("key", ["base_url_env", "client_id_env", "client_secret_env"])
+def test_missing_env_var_names_are_rejected(key):
+    with pytest.raises(ConfigError, match=f"target.{key}"):
+        parse(with_change(f"target.{key}", None, delete=True))
+    with pytest.raises(ConfigError, match=f"target.{key}"):
+        parse(with_change(f"target.{key}", ""))
+    with pytest.raises(ConfigError, match=f"target.{key}"):
+        parse(with_change(f"target.{key}", "https://example.com"))
+
+
+@pytest.mark.parametrize("sql_path", [
+    "../../../etc/passwd.sql",
+    "../../../../tmp/x.sql",
+    "/etc/hosts",
+    str(PROJECT_ROOT / "sql" / "jobs" / "month_end_arr.sql"),  # absolute, even inside the root
+])
+def test_sql_paths_escaping_the_repository_are_rejected(sql_path):
+    with pytest.raises(ConfigError, match="SQL path"):
+        parse(with_change("source.sql_file", sql_path))
+
+
+def test_sql_path_symlink_escaping_the_root_is_rejected(tmp_path):
+    outside = tmp_path / "evil.sql"
+    outside.write_text("SELECT 1")
+    link_dir = tmp_path / "root"
+    (link_dir / "configs").mkdir(parents=True)
+    (link_dir / "link.sql").symlink_to(outside)
+    with pytest.raises(ConfigError, match="escapes"):
+        parse_config(with_change("source.sql_file", "../link.sql"), base_dir=link_dir / "configs", root=link_dir)
+
+
+def test_missing_sql_file_is_rejected():
+    with pytest.raises(ConfigError, match="does not exist"):
+        parse(with_change("source.readiness_sql_file", "../../sql/jobs/nope.sql"))
+
+
+def test_sql_path_resolves_relative_to_the_config_file():
+    loaded = parse(config_dict("src"))
+    assert loaded.readiness_sql_path == PROJECT_ROOT / "sql" / "jobs" / "month_end_arr-readiness.sql"
+
+
+@pytest.mark.parametrize("path,value", [
+    ("schedule.cron", "every day"), ("schedule.timezone", "Mars/Olympus"), ("version", 2),
+    ("source.freshness_max_age_minutes", 0), ("write.max_attempts", 0),
+    ("source.sql_vars", {"source_dataset": "x; DROP TABLE y"}), ("target.api_version", "v62.0"),
+    ("write.batch_size", "200"),  # strict: no string coercion
+])
+def test_other_invalid_values_are_rejected(path, value):
+    with pytest.raises(ConfigError):
+        parse(with_change(path, value))
+
+
+def test_error_messages_are_one_line_and_do_not_echo_values():
+    with pytest.raises(ConfigError) as info:
+        parse(with_change("target.base_url_env", "https://user:pw@example.com"))
+    assert "\n" not in str(info.value) and "pw@" not in str(info.value)
+
+
+def test_https_required_outside_local_mode():
+    assert check_target_url("https://org.my.nexuscrm.example", local_mode=False)
+    with pytest.raises(ConfigError, match="https"):
+        check_target_url("http://org.my.nexuscrm.example", local_mode=False)
+    with pytest.raises(ConfigError, match="https"):
+        check_target_url("http://127.0.0.1:8080", local_mode=False)
+    assert check_target_url("http://127.0.0.1:8080", local_mode=True)
+    with pytest.raises(ConfigError, match="loopback"):
+        check_target_url("http://org.my.nexuscrm.example", local_mode=True)
+
+
+def test_render_sql_requires_every_placeholder():
+    assert render_sql("SELECT * FROM `${ds}.t`", {"ds": "a"}) == "SELECT * FROM `a.t`"
+    with pytest.raises(ConfigError, match="no value"):
+        render_sql("SELECT * FROM `${other}.t`", {"ds": "a"})

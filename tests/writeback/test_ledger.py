@@ -1,0 +1,157 @@
+"""The Postgres ledger: state transitions, unchanged skipping, attempt counts, fenced
+batch commits, retention, and the seed's table/column shape."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+
+from nexus_pipelines.control.leases import LeaseLost
+from nexus_pipelines.writeback.ledger import AttemptOutcome, BatchCounts, Ledger, RecordState, lease_name, prune_attempts
+from nexus_pipelines.writeback.mapping import MappedRecord
+from nexus_pipelines.writeback.runner import decide
+
+TTL = timedelta(minutes=5)
+NOW = datetime(2026, 11, 1, tzinfo=UTC)
+
+
+def outcome(eid, h="h1", status="succeeded", attempt=1, crm="a0M1", code=None, delay=None):
+    return AttemptOutcome(eid, h, "v1", attempt, status, crm if status == "succeeded" else None, 200, code,
+                          "msg" if code else None, 12, delay)
+
+
+@pytest.fixture
+def ledger(control_conn, request):
+    job = f"job_{request.node.name[:40]}"
+    return Ledger(control_conn, job, "Month_End_ARR__c")
+
+
+def test_seed_columns_are_present(control_conn):
+    def cols(table):
+        return [r[0] for r in control_conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
+            (table,))]
+    assert cols("outbound_job_leases")[:5] == ["job_name", "owner_run_id", "acquired_at", "heartbeat_at", "expires_at"]
+    assert cols("outbound_runs")[:13] == [
+        "job_name", "run_id", "source_run_id", "source_cutoff_at", "status", "selected_rows", "unchanged_rows",
+        "succeeded_rows", "retryable_failed_rows", "permanently_failed_rows", "started_at", "ended_at", "error_message"]
+    assert cols("outbound_records") == [
+        "job_name", "target_object", "external_id", "payload_hash", "source_version", "crm_record_id", "status",
+        "attempt_count", "last_attempt_run_id", "last_success_run_id", "next_retry_at", "error_code",
+        "error_message", "updated_at"]
+    assert cols("outbound_record_attempts") == [
+        "attempted_at", "job_name", "run_id", "batch_id", "external_id", "payload_hash", "attempt_number", "status",
+        "crm_record_id", "http_status", "error_code", "error_message", "duration_ms"]
+
+
+def test_batch_commit_writes_attempts_and_states_in_one_transaction(ledger, control_conn):
+    lease = ledger.acquire_lease("r1", TTL)
+    ledger.start_run("r1", dry_run=False, options={}, lease_token=lease.token)
+    outs = [outcome("a"), outcome("b", status="retryable_failed", code="UNABLE_TO_LOCK_ROW", delay=30.0),
+            outcome("c", status="permanent_failed", code="FIELD_CUSTOM_VALIDATION_EXCEPTION")]
+    renewed = ledger.commit_batch("r1", "r1:000001", lease, TTL, outs, BatchCounts(1, 1, 1, 1))
+    assert renewed.expires_at >= lease.expires_at
+    states = ledger.read_states(["a", "b", "c", "zz"])
+    assert set(states) == {"a", "b", "c"}
+    assert states["a"].status == "succeeded" and states["a"].crm_record_id == "a0M1" and states["a"].next_retry_at is None
+    assert states["b"].status == "retryable_failed" and states["b"].next_retry_at is not None
+    assert states["c"].status == "permanent_failed" and states["c"].error_code == "FIELD_CUSTOM_VALIDATION_EXCEPTION"
+    rows = {r["external_id"]: r for r in ledger.record_rows()}
+    assert rows["a"]["last_success_run_id"] == "r1" and rows["b"]["last_success_run_id"] is None
+    run = ledger.run_row("r1")
+    assert (run["succeeded_rows"], run["retryable_failed_rows"], run["permanently_failed_rows"], run["batches"]) == (1, 1, 1, 1)
+    # one row per attempt, never a payload column
+    assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE job_name = %s",
+                                (ledger.job_name,)).fetchone()[0] == 3
+
+
+def test_success_keeps_last_success_and_crm_id_through_later_failures(ledger):
+    ledger.commit_batch("r1", "b1", None, TTL, [outcome("a", crm="a0M9")], BatchCounts(1))
+    ledger.commit_batch("r2", "b2", None, TTL, [outcome("a", h="h2", status="retryable_failed", code="TIMEOUT", delay=1)],
+                        BatchCounts(retryable_failed=1))
+    (row,) = ledger.record_rows()
+    assert row["crm_record_id"] == "a0M9" and row["last_success_run_id"] == "r1"
+    assert row["last_attempt_run_id"] == "r2" and row["status"] == "retryable_failed"
+
+
+def test_stale_fencing_token_keeps_evidence_but_not_state(ledger, control_conn):
+    lease = ledger.acquire_lease("r1", TTL)
+    ledger.start_run("r1", dry_run=False, options={}, lease_token=lease.token)
+    control_conn.execute("UPDATE leases SET acquired_at = clock_timestamp() - interval '1 hour', "
+                         "expires_at = clock_timestamp() - interval '1 second' WHERE lease_name = %s", (lease.name,))
+    thief = ledger.acquire_lease("r2", TTL)
+    assert thief is not None and thief.token > lease.token
+    with pytest.raises(LeaseLost):
+        ledger.commit_batch("r1", "r1:000001", lease, TTL, [outcome("a")], BatchCounts(1))
+    assert ledger.read_states(["a"]) == {}
+    assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE batch_id = 'r1:000001'").fetchone() == (1,)
+
+
+def test_lease_view_and_single_holder(ledger, control_conn):
+    first = ledger.acquire_lease("r1", TTL)
+    assert first is not None and ledger.acquire_lease("r2", TTL) is None
+    row = control_conn.execute("SELECT job_name, owner_run_id FROM outbound_job_leases WHERE job_name = %s",
+                               (ledger.job_name,)).fetchone()
+    assert row == (ledger.job_name, "r1")
+    assert lease_name(ledger.job_name) == f"writeback:{ledger.job_name}"
+    assert ledger.release_lease(first) and ledger.acquire_lease("r2", TTL) is not None
+
+
+def test_skipped_run_row(ledger):
+    ledger.record_skipped("r9", dry_run=False, options={}, message="another run holds the lease")
+    row = ledger.run_row("r9")
+    assert row["status"] == "skipped_already_running" and row["ended_at"] is not None
+
+
+def test_run_status_is_constrained(ledger):
+    ledger.start_run("r1", dry_run=False, options={}, lease_token=None)
+    with pytest.raises(psycopg.errors.CheckViolation):
+        ledger.finish_run("r1", "partially_ok", selected=0, unchanged=0, succeeded=0, retryable=0, permanent=0,
+                          batches=0, crm_calls=0, error_message=None)
+
+
+def test_attempts_are_append_only_and_pruned_after_90_days(ledger, control_conn):
+    ledger.commit_batch("r1", "b1", None, TTL, [outcome("a"), outcome("b")], BatchCounts(2))
+    with pytest.raises(psycopg.errors.RaiseException, match="append-only"):
+        control_conn.execute("UPDATE outbound_record_attempts SET status = 'succeeded'")
+    with pytest.raises(psycopg.errors.RaiseException, match="retention"):
+        control_conn.execute("DELETE FROM outbound_record_attempts WHERE job_name = %s", (ledger.job_name,))
+    control_conn.execute(
+        "INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash, "
+        "attempt_number, status) VALUES (clock_timestamp() - interval '91 days', %s, 'old', 'old:1', 'x', 'h', 1, "
+        "'succeeded')", (ledger.job_name,))
+    assert prune_attempts(control_conn, chunk=1) >= 1
+    left = control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE job_name = %s",
+                                (ledger.job_name,)).fetchone()[0]
+    assert left == 2
+
+
+def rec(h="h1"):
+    return MappedRecord("a", "v", {}, h)
+
+
+def state(status, h="h1", attempts=1, next_retry_at=None):
+    return RecordState("a", h, status, attempts, next_retry_at, None, None)
+
+
+@pytest.mark.parametrize("prior,kwargs,expected", [
+    (None, {}, "write"),
+    (state("succeeded"), {}, "unchanged"),
+    (state("succeeded", h="h0"), {}, "write"),
+    (state("succeeded"), {"force": True}, "write"),
+    (state("succeeded"), {"skip_unchanged": False}, "write"),
+    (state("permanent_failed"), {}, "unchanged"),
+    (state("permanent_failed", h="h0"), {}, "write"),
+    (state("permanent_failed"), {"force": True}, "write"),
+    (state("retryable_failed", next_retry_at=NOW - timedelta(seconds=1)), {}, "write"),
+    (state("retryable_failed", next_retry_at=NOW + timedelta(minutes=5)), {}, "deferred"),
+    (state("retryable_failed", h="h0", next_retry_at=NOW + timedelta(minutes=5)), {}, "write"),
+    (state("retryable_failed", next_retry_at=NOW + timedelta(minutes=5)), {"retry_failed": True}, "write"),
+    (state("succeeded", h="h0"), {"retry_failed": True}, "unchanged"),
+    (None, {"retry_failed": True}, "unchanged"),
+])
+def test_state_rules(prior, kwargs, expected):
+    options = {"force": False, "retry_failed": False, "skip_unchanged": True, **kwargs}
+    assert decide(rec(), prior, now=NOW, **options) == expected

@@ -1,0 +1,188 @@
+"""Mapper ownership, type conversion, null-vs-omit, and canonical payload hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, date, datetime, timedelta, timezone
+from decimal import Decimal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nexus_pipelines.writeback.hashing import HashInputError, canonical_json, payload_hash
+from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+from nexus_pipelines.writeback.mapping import (
+    Mapper,
+    MappingError,
+    OwnershipError,
+    exact_decimal,
+    utc_timestamp,
+)
+
+M = MonthEndArrMapper()
+
+
+def row(**overrides):
+    base = {
+        "_outbound_external_id": "001000000000001:2025-03",
+        "_outbound_source_version": "load-1@2026-11-01T00:00:00.000000Z",
+        "_outbound_source_updated_at": datetime(2026, 11, 1, 2, 3, 4, 5000, tzinfo=UTC),
+        "account_id": "001000000000001",
+        "month_start": date(2025, 3, 1),
+        "arr_amount": Decimal("1234.500"),
+        "currency_code": "USD",
+        "product_line": "Cloud",
+    }
+    base.update(overrides)
+    return base
+
+
+def test_month_end_arr_maps_a_row():
+    rec = M.map_record(row())
+    assert rec.external_id == "001000000000001:2025-03"
+    assert rec.payload == {
+        "Month_End_ARR_Key__c": "001000000000001:2025-03",
+        "Account_External_Id__c": "001000000000001",
+        "Month__c": "2025-03-01",
+        "ARR_Amount__c": "1234.50",
+        "Currency_Code__c": "USD",
+        "Product_Line__c": "Cloud",
+        "Source_Updated_At__c": "2026-11-01T02:03:04.005Z",
+    }
+    assert set(rec.payload) <= M.OWNED_FIELDS
+    assert rec.source_version.startswith("load-1")
+
+
+def test_null_product_line_is_an_explicit_clear_but_other_nulls_fail():
+    rec = M.map_record(row(product_line=None))
+    assert "Product_Line__c" in rec.payload and rec.payload["Product_Line__c"] is None
+    assert rec.payload_hash != M.map_record(row()).payload_hash
+    with pytest.raises(MappingError, match="currency_code"):
+        M.map_record(row(currency_code=None))
+
+
+def test_omitted_and_null_hash_differently():
+    payload = {"Month_End_ARR_Key__c": "k", "Product_Line__c": None}
+    omitted = {"Month_End_ARR_Key__c": "k"}
+    assert payload_hash("O", "Month_End_ARR_Key__c", "k", payload) != payload_hash("O", "Month_End_ARR_Key__c", "k", omitted)
+
+
+@pytest.mark.parametrize("column,value,message", [
+    ("arr_amount", 1234.5, "expected Decimal/int, got float"),
+    ("arr_amount", "1234.5", "expected Decimal/int, got str"),
+    ("arr_amount", Decimal("1.005"), "more than 2 decimal places"),
+    ("arr_amount", Decimal("100000000000000.00"), "exceeds precision"),
+    ("account_id", "0" * 19, "refusing to truncate"),
+    ("account_id", 42, "expected str"),
+    ("month_start", date(2025, 3, 2), "first day"),
+    ("month_start", datetime(2025, 3, 1, tzinfo=UTC), "expected DATE"),
+    ("currency_code", "XXX", "currency"),
+    ("_outbound_source_updated_at", datetime(2026, 1, 1), "timezone-aware"),
+    ("_outbound_source_updated_at", datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC), "sub-millisecond"),
+    ("_outbound_external_id", "001000000000001:2025-04", "does not match"),
+    ("_outbound_external_id", "", "null or empty"),
+])
+def test_invalid_inputs_are_rejected_without_echoing_values(column, value, message):
+    with pytest.raises(MappingError, match=message) as info:
+        M.map_record(row(**{column: value}))
+    if isinstance(value, str) and len(value) > 3:
+        assert value not in str(info.value)
+
+
+def test_missing_required_column_is_rejected():
+    data = row()
+    del data["currency_code"]
+    with pytest.raises(MappingError, match="currency_code: required column is missing"):
+        M.map_record(data)
+
+
+def test_timestamps_are_normalized_to_utc():
+    plus2 = timezone(timedelta(hours=2))
+    assert utc_timestamp(datetime(2026, 1, 1, 2, 0, tzinfo=plus2), "f") == "2026-01-01T00:00:00.000Z"
+
+
+def test_decimals_never_go_through_floats():
+    assert exact_decimal(Decimal("0.10"), "f", precision=16, scale=2) == Decimal("0.10")
+    assert exact_decimal(Decimal("12345678901234.99"), "f", precision=16, scale=2) == Decimal("12345678901234.99")
+    assert exact_decimal(7, "f", precision=16, scale=2) == Decimal("7.00")
+    with pytest.raises(MappingError):
+        exact_decimal(0.1, "f", precision=16, scale=2)
+    with pytest.raises(HashInputError):
+        payload_hash("O", "K", "k", {"K": "k", "x": 0.1})
+
+
+class Rogue(Mapper):
+    TARGET_OBJECT = "Month_End_ARR__c"
+    EXTERNAL_ID_FIELD = "Month_End_ARR_Key__c"
+    OWNED_FIELDS = frozenset({"Month_End_ARR_Key__c", "A__c"})
+    SOURCE_COLUMNS = {}
+
+    def __init__(self, extra):
+        self.extra = extra
+
+    def map_row(self, r):
+        return {"Month_End_ARR_Key__c": r["_outbound_external_id"], **self.extra}
+
+
+@pytest.mark.parametrize("extra,message", [
+    ({"B__c": 1}, "outside the declared OWNED_FIELDS"),
+    ({"Id": "a0M1"}, "server-managed"),
+    ({"LastModifiedDate": "2026-01-01"}, "server-managed"),
+    ({"A__c": None}, "does not own clearing"),
+    ({"A__c": 1.5}, "float"),
+])
+def test_mapper_emitting_outside_its_ownership_is_rejected(extra, message):
+    with pytest.raises(OwnershipError, match=message):
+        Rogue(extra).map_record({"_outbound_external_id": "k"})
+
+
+def test_mapper_declarations_are_checked():
+    MonthEndArrMapper.check_declaration()
+
+    class Bad(Rogue):
+        OWNED_FIELDS = frozenset({"A__c", "Id"})
+
+    with pytest.raises(ValueError):
+        Bad.check_declaration()
+
+
+def test_schema_problems_name_missing_and_mistyped_columns():
+    schema = {c: t for c, t in MonthEndArrMapper.required_columns().items()}
+    assert MonthEndArrMapper.schema_problems(schema) == []
+    schema["arr_amount"] = "FLOAT64"
+    del schema["currency_code"]
+    problems = MonthEndArrMapper.schema_problems(schema)
+    assert "column arr_amount is FLOAT64, expected NUMERIC" in problems
+    assert "required column currency_code is missing" in problems
+
+
+def test_canonical_hash_is_exactly_the_seed_definition():
+    payload = {"Month_End_ARR_Key__c": "k1", "ARR_Amount__c": Decimal("10.50"), "Product_Line__c": None}
+    document = {"object": "Month_End_ARR__c", "external_id_field": "Month_End_ARR_Key__c", "external_id": "k1",
+                "payload": {"Month_End_ARR_Key__c": "k1", "ARR_Amount__c": "10.50", "Product_Line__c": None}}
+    expected = hashlib.sha256(json.dumps(document, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    assert payload_hash("Month_End_ARR__c", "Month_End_ARR_Key__c", "k1", payload) == expected
+    # A pinned value: changing canonicalization would silently rewrite every record.
+    assert expected == payload_hash("Month_End_ARR__c", "Month_End_ARR_Key__c", "k1", dict(reversed(payload.items())))
+
+
+# Pinned: a change here would make every scheduled run rewrite every record.
+PINNED_MONTH_END_ARR_HASH = "5372e5a27567f0c43b846058d80cafd1d4370b644d2659cc097d3624a5379238"
+
+
+def test_month_end_arr_hash_is_stable_across_runs():
+    h = M.map_record(row()).payload_hash
+    assert h == M.map_record(dict(reversed(list(row().items())))).payload_hash
+    assert h == PINNED_MONTH_END_ARR_HASH
+
+
+@given(st.dictionaries(st.from_regex(r"[A-Z][a-z]{0,6}__c", fullmatch=True),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20),
+                                 st.decimals(allow_nan=False, allow_infinity=False, places=2)),
+                       max_size=8))
+def test_hash_ignores_key_order_and_is_deterministic(payload):
+    reordered = dict(reversed(list(payload.items())))
+    assert payload_hash("O", "K", "k", payload) == payload_hash("O", "K", "k", reordered)
+    assert json.loads(canonical_json("O", "K", "k", payload))["payload"].keys() == payload.keys()

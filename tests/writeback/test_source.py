@@ -1,0 +1,120 @@
+"""Source contract on the BigQuery emulator: readiness, freshness, candidate table,
+set-based key checks, stable paging."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from google.cloud import bigquery
+
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
+from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+from nexus_pipelines.writeback.source import (
+    CANDIDATE_TTL,
+    Readiness,
+    SourceError,
+    candidate_expiry,
+    candidate_table_id,
+    check_keys,
+    drop_candidates,
+    freshness_problem,
+    iter_candidate_pages,
+    materialize_candidates,
+    run_readiness,
+)
+
+from .conftest import make_config
+
+READY = ("SELECT 'load-1' AS _outbound_source_run_id, TIMESTAMP '2026-11-01 00:00:00+00' AS _outbound_source_as_of_at, "
+         "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason")
+
+
+def test_readiness_returns_the_authoritative_row(bq_client):
+    r = run_readiness(bq_client, READY)
+    assert r == Readiness("load-1", datetime(2026, 11, 1, tzinfo=UTC), True, None)
+
+
+@pytest.mark.parametrize("sql,message", [
+    (READY + " UNION ALL " + READY, "exactly one row, got 2"),
+    (READY + " LIMIT 0", "exactly one row, got 0"),
+    ("SELECT 'x' AS _outbound_source_run_id, TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason",
+     "_outbound_source_as_of_at is missing"),
+    ("SELECT 'x' AS _outbound_source_run_id, CAST(NULL AS TIMESTAMP) AS _outbound_source_as_of_at, "
+     "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason", "as_of_at is null"),
+    ("SELECT 'x' AS _outbound_source_run_id, '2026-01-01' AS _outbound_source_as_of_at, "
+     "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason", "expected TIMESTAMP"),
+])
+def test_readiness_contract_violations_fail_closed(bq_client, sql, message):
+    with pytest.raises(SourceError, match=message):
+        run_readiness(bq_client, sql)
+
+
+def test_freshness_is_computed_from_as_of_at():
+    r = Readiness("load-1", datetime(2026, 11, 1, tzinfo=UTC), True, None)
+    assert freshness_problem(r, 180, datetime(2026, 11, 1, 2, 59, tzinfo=UTC)) is None
+    problem = freshness_problem(r, 180, datetime(2026, 11, 1, 3, 1, tzinfo=UTC))
+    assert "181 minutes old" in problem and "load-1" in problem
+
+
+@pytest.fixture(scope="module")
+def seeded(bq_client):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 130)
+    return dataset
+
+
+def test_candidate_table_is_materialized_with_expiry_and_dropped(bq_client, seeded):
+    loaded = make_config(seeded)
+    table_id = candidate_table_id("nexus-test", f"ctl_{uuid.uuid4().hex[:6]}", "month_end_arr", "run/1:x")
+    assert table_id.endswith("wb_candidates_month_end_arr_run_1_x")
+    table = materialize_candidates(bq_client, table_id, loaded.source_sql())
+    assert table.row_count == 130
+    assert MonthEndArrMapper.schema_problems(table.schema) == []
+    expires = candidate_expiry(bq_client, table_id)
+    now = datetime.now(UTC)
+    assert expires is not None and now < expires <= now + CANDIDATE_TTL + timedelta(minutes=1)
+    drop_candidates(bq_client, table_id)
+    drop_candidates(bq_client, table_id)  # idempotent
+    assert table_id.split(".")[-1] not in [t.table_id for t in bq_client.list_tables(table_id.rsplit(".", 1)[0])]
+
+
+def test_candidate_table_with_external_ids_holds_only_those(bq_client, seeded):
+    loaded = make_config(seeded)
+    table_id = candidate_table_id("nexus-test", "ctl_canary", "month_end_arr", uuid.uuid4().hex)
+    ids = ["001000000000001:2025-02", "001000000000003:2025-05", "not-there"]
+    table = materialize_candidates(bq_client, table_id, loaded.source_sql(), external_ids=ids)
+    assert table.row_count == 2
+    rows = [r for page in iter_candidate_pages(bq_client, table_id) for r in page]
+    assert [r["_outbound_external_id"] for r in rows] == sorted(ids[:2])
+    drop_candidates(bq_client, table_id)
+
+
+def test_pages_are_in_stable_external_id_order(bq_client, seeded):
+    loaded = make_config(seeded)
+    table_id = candidate_table_id("nexus-test", "ctl_pages", "month_end_arr", uuid.uuid4().hex)
+    materialize_candidates(bq_client, table_id, loaded.source_sql())
+    pages = list(iter_candidate_pages(bq_client, table_id, page_size=50))
+    assert [len(p) for p in pages] == [50, 50, 30]
+    ids = [r["_outbound_external_id"] for p in pages for r in p]
+    assert ids == sorted(ids) and len(set(ids)) == 130
+    again = [r["_outbound_external_id"] for p in iter_candidate_pages(bq_client, table_id, page_size=7) for r in p]
+    assert again == ids
+    drop_candidates(bq_client, table_id)
+
+
+def test_null_and_duplicate_keys_are_found_with_set_queries(bq_client):
+    dataset = f"keys_{uuid.uuid4().hex[:6]}"
+    bq_client.create_dataset(dataset)
+    table_id = f"nexus-test.{dataset}.cand"
+    bq_client.query(
+        f"CREATE TABLE `{table_id}` AS SELECT * FROM UNNEST(["
+        "STRUCT('a' AS _outbound_external_id), STRUCT('b'), STRUCT('b'), STRUCT(CAST(NULL AS STRING)), "
+        "STRUCT(''), STRUCT('c'), STRUCT('c'), STRUCT('c')])").result()
+    report = check_keys(bq_client, table_id)
+    assert report.rows == 8 and report.null_or_empty == 2
+    assert report.duplicate_ids == 2 and report.duplicate_samples == ("b", "c")
+    clean = f"nexus-test.{dataset}.clean"
+    bq_client.query(f"CREATE TABLE `{clean}` AS SELECT x AS _outbound_external_id FROM UNNEST(['a','b']) AS x").result()
+    assert check_keys(bq_client, clean).duplicate_ids == 0
