@@ -86,7 +86,8 @@ def test_stale_fencing_token_keeps_evidence_but_not_state(ledger, control_conn):
     with pytest.raises(LeaseLost):
         ledger.commit_batch("r1", "r1:000001", lease, TTL, [outcome("a")], BatchCounts(1))
     assert ledger.read_states(["a"]) == {}
-    assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE batch_id = 'r1:000001'").fetchone() == (1,)
+    assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE batch_id = 'r1:000001' "
+                                "AND job_name = %s", (ledger.job_name,)).fetchone() == (1,)
 
 
 def test_lease_view_and_single_holder(ledger, control_conn):
