@@ -1,4 +1,8 @@
-"""The one Definitions object of the code location."""
+"""The one Definitions object of the code location.
+
+Domains are imported as modules, not as their Definitions objects: Dagster refuses a
+module that holds more than one Definitions at module scope.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from dagster import Definitions, EnvVar
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
-from nexus_pipelines.workqueue.definitions import workqueue_defs
-from nexus_pipelines.writeback.definitions import defs as writeback_defs
+from nexus_pipelines.workqueue import definitions as workqueue
+from nexus_pipelines.writeback import definitions as writeback
 
 
 def build_resources() -> dict:
@@ -23,6 +27,6 @@ def build_resources() -> dict:
 
 defs = Definitions.merge(
     Definitions(resources=build_resources()),
-    workqueue_defs,
-    writeback_defs,
+    workqueue.workqueue_defs,
+    writeback.defs,
 )
