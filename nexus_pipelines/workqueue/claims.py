@@ -109,16 +109,21 @@ cand AS (
            AND w.run_after <= now()
            {class_filter}
            {type_filter}
+           -- Lane probes. The OR keeps each probe a subplan (a flattened anti-join would
+           -- read every candidate before the LIMIT); the IS NOT NULL terms let the probes
+           -- use the partial lane indexes.
            AND (w.source_lane_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
+                   AND h.source_lane_key IS NOT NULL
                    AND h.work_id < w.work_id
                    AND h.state IN ('pending', 'retry', 'running')))
            AND (w.target_lane_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM connector_work_items t
                  WHERE t.registration_id = w.registration_id
                    AND t.target_lane_key = w.target_lane_key
+                   AND t.target_lane_key IS NOT NULL
                    AND t.state = 'running'))
          ORDER BY w.queue_class, w.run_after, w.work_id
          LIMIT %(scan)s

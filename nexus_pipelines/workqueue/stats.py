@@ -20,7 +20,7 @@ SELECT state, queue_class, count(*)
 
 _LEASES = """
 SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
-  FROM connector_work_items WHERE state = 'running'
+  FROM connector_work_items WHERE state = 'running' AND lease_until IS NOT NULL
 """
 
 _OLDEST_DUE = """

@@ -87,7 +87,7 @@ class _Heartbeat(threading.Thread):
         self._interval = interval_s
         self._held: dict[int, ClaimedItem] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.lost: set[int] = set()
         self.error: BaseException | None = None
 
@@ -102,12 +102,12 @@ class _Heartbeat(threading.Thread):
                 self._held.pop(work_id, None)
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
         try:
             with _connection(self._source) as conn:
-                while not self._stop.wait(self._interval):
+                while not self._halt.wait(self._interval):
                     with self._lock:
                         held = list(self._held.values())
                     if not held:
