@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+from dagster import DagsterInstance, SkipReason, build_sensor_context
+
+from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.workqueue.assets import WORKQUEUE_HEALTH
+from nexus_pipelines.workqueue.handlers import HandlerRegistry
+from nexus_pipelines.workqueue.jobs import DRAIN_TAG, build_drain_job, build_router_job
+from nexus_pipelines.workqueue.receipts import EventSpec, ReceiptIn, Route, WorkSpec, admit_receipt
+from nexus_pipelines.workqueue.sensors import build_drain_sensor, build_router_sensor, drain_requests
+
+from .conftest import enqueue, items
+
+seen: list[int] = []
+
+
+def _handler(item) -> str:
+    seen.append(item.work_id)
+    return "succeeded"
+
+
+def test_defs_load_with_the_work_queue():
+    from nexus_pipelines.definitions import defs
+
+    repo = defs.get_repository_def()
+    assert {"workqueue_drain", "workqueue_receipt_router", "workqueue_health"} <= {j.name for j in repo.get_all_jobs()}
+    assert {"workqueue_drain_sensor", "workqueue_receipt_router_sensor"} <= {s.name for s in repo.sensor_defs}
+
+
+def test_drain_job_executes_in_process_and_observes_health(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(7, "dagster.test"))
+    job = build_drain_job(lambda: HandlerRegistry({"dagster.test": _handler}), name="test_drain")
+    instance = DagsterInstance.ephemeral()
+    result = job.execute_in_process(
+        run_config={"ops": {"test_drain_op": {"config": {"registration_ids": [reg], "concurrency": 2, "time_budget_s": 30}}}},
+        resources={"control_plane": ControlPlaneResource(dsn=control_dsn)},
+        instance=instance,
+    )
+    assert result.success
+    summary = result.output_for_node("test_drain_op")
+    assert summary["completed"] == 7 and summary["lost"] == 0
+    observations = [
+        e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION"
+    ]
+    assert observations and observations[0].asset_key == WORKQUEUE_HEALTH
+    assert result.dagster_run.tags[DRAIN_TAG] == "drain"
+
+
+def test_router_job_materializes_receipts(control_conn, control_dsn, reg):
+    from datetime import datetime, timezone
+
+    admit_receipt(
+        control_conn,
+        ReceiptIn(registration_id=reg, revision=1, namespace="n", delivery_id="d1", route_key="k",
+                  received_at=datetime.now(timezone.utc), body={"id": "X"}),
+    )
+    routes = {"k": Route("k", 1, lambda r: [EventSpec("obj", r.body["id"], f"{reg}:X", [WorkSpec("w")])])}
+    job = build_router_job(lambda: routes, name="test_router")
+    result = job.execute_in_process(resources={"control_plane": ControlPlaneResource(dsn=control_dsn)})
+    assert result.success and result.output_for_node("test_router_op")["materialized"] >= 1
+    (count,) = control_conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchone()
+    assert count == 1
+
+
+def test_drain_sensor_requests_capped_runs_with_deterministic_keys(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(3, queue_class="sensor-test"))
+    job = build_drain_job(lambda: HandlerRegistry({"t": _handler}), name="sensor_drain")
+    sensor = build_drain_sensor(job, queue_classes=["sensor-test", "empty-class"])
+    instance = DagsterInstance.ephemeral()
+    with build_sensor_context(
+        instance=instance, resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}
+    ) as context:
+        result = sensor(context)
+    requests = list(result) if not isinstance(result, SkipReason) else []
+    assert len(requests) == 1
+    (request,) = requests
+    assert request.run_key.startswith("sensor_drain:sensor-test:")
+    assert request.tags[DRAIN_TAG] == "sensor-test"
+    assert request.run_config["ops"]["sensor_drain_op"]["config"]["queue_classes"] == ["sensor-test"]
+    # same bucket, same key
+    with build_sensor_context(
+        instance=instance, resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}
+    ) as context:
+        again = list(sensor(context))
+    assert [r.run_key for r in again] == [request.run_key]
+
+
+def test_drain_requests_respect_the_cap():
+    reqs = drain_requests({"a": 25_000, "b": 5}, in_flight=1, bucket=7, job_name="j", max_concurrent=4)
+    assert [r.run_key for r in reqs] == ["j:a:7:0", "j:a:7:1", "j:a:7:2"]
+    assert drain_requests({"a": 5}, in_flight=4, bucket=7, job_name="j", max_concurrent=4) == []
+
+
+def test_router_sensor_skips_without_due_receipts(control_dsn):
+    sensor = build_router_sensor(build_router_job(lambda: {}, name="idle_router"))
+    with build_sensor_context(
+        instance=DagsterInstance.ephemeral(), resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}
+    ) as ctx:
+        result = sensor(ctx)
+    assert isinstance(result, SkipReason) or list(result)
