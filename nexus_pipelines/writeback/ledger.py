@@ -89,56 +89,64 @@ SELECT external_id, payload_hash, status, attempt_count, next_retry_at, crm_reco
  WHERE job_name = %s AND target_object = %s AND external_id = ANY(%s)
 """
 
-_RENEW_IN_TX = """
-UPDATE leases SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s
- WHERE lease_name = %(name)s AND fencing_token = %(token)s AND expires_at > clock_timestamp()
-RETURNING expires_at
-"""
-
-_APPEND_ATTEMPTS = """
-INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash,
-    attempt_number, status, crm_record_id, http_status, error_code, error_message, duration_ms)
-SELECT clock_timestamp(), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number, u.status,
-       u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
-  FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(numbers)s::bigint[], %(statuses)s::text[],
-              %(crm_ids)s::text[], %(http)s::bigint[], %(codes)s::text[], %(messages)s::text[], %(durations)s::bigint[])
-       AS u(external_id, payload_hash, attempt_number, status, crm_record_id, http_status, error_code,
-            error_message, duration_ms)
-"""
-
-_UPSERT_RECORDS = """
-INSERT INTO outbound_records AS r (job_name, target_object, external_id, payload_hash, source_version, crm_record_id,
-    status, attempt_count, last_attempt_run_id, last_success_run_id, next_retry_at, error_code, error_message, updated_at)
-SELECT %(job)s, %(object)s, u.external_id, u.payload_hash, u.source_version, u.crm_record_id, u.status,
-       u.attempt_number, %(run)s, CASE WHEN u.status = 'succeeded' THEN %(run)s END,
-       CASE WHEN u.status = 'retryable_failed' THEN clock_timestamp() + make_interval(secs => u.retry_s) END,
-       u.error_code, u.error_message, clock_timestamp()
-  FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(versions)s::text[], %(crm_ids)s::text[], %(statuses)s::text[],
-              %(numbers)s::bigint[], %(retry)s::float8[], %(codes)s::text[], %(messages)s::text[])
-       AS u(external_id, payload_hash, source_version, crm_record_id, status, attempt_number, retry_s,
-            error_code, error_message)
-ON CONFLICT (job_name, target_object, external_id) DO UPDATE
-   SET payload_hash = EXCLUDED.payload_hash,
-       source_version = EXCLUDED.source_version,
-       crm_record_id = COALESCE(EXCLUDED.crm_record_id, r.crm_record_id),
-       status = EXCLUDED.status,
-       attempt_count = EXCLUDED.attempt_count,
-       last_attempt_run_id = EXCLUDED.last_attempt_run_id,
-       last_success_run_id = COALESCE(EXCLUDED.last_success_run_id, r.last_success_run_id),
-       next_retry_at = EXCLUDED.next_retry_at,
-       error_code = EXCLUDED.error_code,
-       error_message = EXCLUDED.error_message,
-       updated_at = EXCLUDED.updated_at
-"""
-
-_BUMP_RUN = """
-UPDATE outbound_runs
-   SET succeeded_rows = succeeded_rows + %(ok)s,
-       retryable_failed_rows = retryable_failed_rows + %(retry)s,
-       permanently_failed_rows = permanently_failed_rows + %(perm)s,
-       batches = batches + 1,
-       crm_calls = crm_calls + %(calls)s
- WHERE job_name = %(job)s AND run_id = %(run)s
+# One statement per API batch (one round trip, atomic): renew the lease under its
+# fencing token, append the attempts, and - only while the token is current -
+# upsert the record states and bump the run counters.
+_COMMIT_BATCH = """
+WITH lease AS (
+    UPDATE leases SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s
+     WHERE %(fenced)s AND lease_name = %(lease_name)s AND fencing_token = %(token)s
+       AND expires_at > clock_timestamp()
+    RETURNING expires_at
+), fence AS (
+    SELECT (NOT %(fenced)s) OR EXISTS (SELECT 1 FROM lease) AS ok
+), u AS (
+    SELECT * FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(versions)s::text[], %(numbers)s::bigint[],
+                         %(statuses)s::text[], %(crm_ids)s::text[], %(http)s::bigint[], %(codes)s::text[],
+                         %(messages)s::text[], %(durations)s::bigint[], %(retry)s::float8[])
+        AS u(external_id, payload_hash, source_version, attempt_number, status, crm_record_id, http_status,
+             error_code, error_message, duration_ms, retry_s)
+), attempts AS (
+    INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash,
+        attempt_number, status, crm_record_id, http_status, error_code, error_message, duration_ms)
+    SELECT clock_timestamp(), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number, u.status,
+           u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
+      FROM u
+    RETURNING 1
+), records AS (
+    INSERT INTO outbound_records AS r (job_name, target_object, external_id, payload_hash, source_version,
+        crm_record_id, status, attempt_count, last_attempt_run_id, last_success_run_id, next_retry_at, error_code,
+        error_message, updated_at)
+    SELECT %(job)s, %(object)s, u.external_id, u.payload_hash, u.source_version, u.crm_record_id, u.status,
+           u.attempt_number, %(run)s, CASE WHEN u.status = 'succeeded' THEN %(run)s END,
+           CASE WHEN u.status = 'retryable_failed' THEN clock_timestamp() + make_interval(secs => u.retry_s) END,
+           u.error_code, u.error_message, clock_timestamp()
+      FROM u WHERE (SELECT ok FROM fence)
+    ON CONFLICT (job_name, target_object, external_id) DO UPDATE
+       SET payload_hash = EXCLUDED.payload_hash,
+           source_version = EXCLUDED.source_version,
+           crm_record_id = COALESCE(EXCLUDED.crm_record_id, r.crm_record_id),
+           status = EXCLUDED.status,
+           attempt_count = EXCLUDED.attempt_count,
+           last_attempt_run_id = EXCLUDED.last_attempt_run_id,
+           last_success_run_id = COALESCE(EXCLUDED.last_success_run_id, r.last_success_run_id),
+           next_retry_at = EXCLUDED.next_retry_at,
+           error_code = EXCLUDED.error_code,
+           error_message = EXCLUDED.error_message,
+           updated_at = EXCLUDED.updated_at
+    RETURNING 1
+), run AS (
+    UPDATE outbound_runs
+       SET succeeded_rows = succeeded_rows + %(ok)s,
+           retryable_failed_rows = retryable_failed_rows + %(retry_n)s,
+           permanently_failed_rows = permanently_failed_rows + %(perm)s,
+           batches = batches + 1,
+           crm_calls = crm_calls + %(calls)s
+     WHERE job_name = %(job)s AND run_id = %(run)s AND (SELECT ok FROM fence)
+    RETURNING 1
+)
+SELECT (SELECT ok FROM fence), (SELECT expires_at FROM lease),
+       (SELECT count(*) FROM attempts), (SELECT count(*) FROM records)
 """
 
 _FINISH_RUN = """
@@ -226,46 +234,31 @@ class Ledger:
 
     def commit_batch(self, run_id: str, batch_id: str, lease: Lease | None, lease_ttl: timedelta,
                      outcomes: Sequence[AttemptOutcome], counts: BatchCounts) -> Lease | None:
-        """Persist one API batch atomically; returns the renewed lease. Raises LeaseLost
-        (after committing the attempt evidence) when the fencing token is stale."""
+        """Persist one API batch atomically, in one statement; returns the renewed lease.
+        Raises LeaseLost (with the attempt evidence committed) when the fencing token is stale."""
         o = outcomes
-        attempts = {
-            "job": self.job_name, "run": run_id, "batch": batch_id,
+        params = {
+            "job": self.job_name, "object": self.target_object, "run": run_id, "batch": batch_id,
+            "fenced": lease is not None, "lease_name": lease.name if lease else None,
+            "token": lease.token if lease else None, "ttl": lease_ttl,
             "ids": [x.external_id for x in o], "hashes": [x.payload_hash for x in o],
-            "numbers": [x.attempt_number for x in o], "statuses": [x.status for x in o],
-            "crm_ids": [x.crm_record_id for x in o], "http": [x.http_status for x in o],
-            "codes": [x.error_code for x in o], "messages": [x.error_message for x in o],
-            "durations": [x.duration_ms for x in o],
+            "versions": [x.source_version for x in o], "numbers": [x.attempt_number for x in o],
+            "statuses": [x.status for x in o], "crm_ids": [x.crm_record_id for x in o],
+            "http": [x.http_status for x in o], "codes": [x.error_code for x in o],
+            "messages": [x.error_message for x in o], "durations": [x.duration_ms for x in o],
+            "retry": [x.retry_delay_s for x in o],
+            "ok": counts.succeeded, "retry_n": counts.retryable_failed, "perm": counts.permanently_failed,
+            "calls": counts.crm_calls,
         }
-        records = {
-            "job": self.job_name, "object": self.target_object, "run": run_id,
-            "ids": attempts["ids"], "hashes": attempts["hashes"], "versions": [x.source_version for x in o],
-            "crm_ids": attempts["crm_ids"], "statuses": attempts["statuses"], "numbers": attempts["numbers"],
-            "retry": [x.retry_delay_s for x in o], "codes": attempts["codes"], "messages": attempts["messages"],
-        }
-        renewed: Lease | None = lease
-        with self.conn.transaction():
-            if lease is not None:
-                row = self.conn.execute(
-                    _RENEW_IN_TX, {"ttl": lease_ttl, "name": lease.name, "token": lease.token}
-                ).fetchone()
-                renewed = None if row is None else Lease(lease.name, lease.owner_id, lease.token, lease.acquired_at, row[0])
-            if o:
-                self.conn.execute(_APPEND_ATTEMPTS, attempts)
-            if lease is None or renewed is not None:
-                if o:
-                    self.conn.execute(_UPSERT_RECORDS, records)
-                self.conn.execute(
-                    _BUMP_RUN,
-                    {"ok": counts.succeeded, "retry": counts.retryable_failed, "perm": counts.permanently_failed,
-                     "calls": counts.crm_calls, "job": self.job_name, "run": run_id},
-                )
-        if lease is not None and renewed is None:
+        fenced_ok, expires_at, _, _ = self.conn.execute(_COMMIT_BATCH, params, prepare=True).fetchone()
+        if lease is None:
+            return None
+        if not fenced_ok:
             raise LeaseLost(
                 f"writeback lease {lease.name!r} was lost (token {lease.token}); batch {batch_id} evidence kept, "
                 "record state left to the current holder"
             )
-        return renewed
+        return Lease(lease.name, lease.owner_id, lease.token, lease.acquired_at, expires_at)
 
     def record_rows(self, external_ids: Iterable[str] | None = None) -> list[dict]:
         query = "SELECT * FROM outbound_records WHERE job_name = %s AND target_object = %s"

@@ -19,7 +19,7 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar
 
-from nexus_pipelines.writeback.hashing import canonical_value, payload_hash
+from nexus_pipelines.writeback.hashing import canonical_value, canonical_payload_hash
 
 EXTERNAL_ID_COLUMN = "_outbound_external_id"
 SOURCE_VERSION_COLUMN = "_outbound_source_version"
@@ -132,20 +132,24 @@ class Mapper:
                 exc.external_id = external_id
             raise
         payload = self.check_ownership(external_id, payload)
-        digest = payload_hash(self.TARGET_OBJECT, self.EXTERNAL_ID_FIELD, external_id, payload)
+        digest = canonical_payload_hash(self.TARGET_OBJECT, self.EXTERNAL_ID_FIELD, external_id, payload)
         return MappedRecord(external_id, version, payload, digest)
 
     def check_ownership(self, external_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(payload, Mapping):
             raise OwnershipError(external_id, "<payload>", "mapper must return a mapping")
         out: dict[str, Any] = {}
+        owned, clearable = self.OWNED_FIELDS, self.CLEARABLE_FIELDS
         for key, value in payload.items():
-            if key in SERVER_MANAGED_FIELDS:
-                raise OwnershipError(external_id, key, "server-managed fields are never emitted")
-            if key not in self.OWNED_FIELDS:
-                raise OwnershipError(external_id, key, "field is outside the declared OWNED_FIELDS")
-            if value is None and key not in self.CLEARABLE_FIELDS:
+            if key not in owned:
+                reason = ("server-managed fields are never emitted" if key in SERVER_MANAGED_FIELDS
+                          else "field is outside the declared OWNED_FIELDS")
+                raise OwnershipError(external_id, key, reason)
+            if value is None and key not in clearable:
                 raise OwnershipError(external_id, key, "null emitted for a field the source does not own clearing")
+            if type(value) is str or value is None:
+                out[key] = value
+                continue
             try:
                 out[key] = canonical_value(value)
             except TypeError as exc:
@@ -159,19 +163,23 @@ class Mapper:
 
 
 def require(row: Mapping[str, Any], column: str, kind: type | tuple[type, ...], *, nullable: bool = False) -> Any:
-    """The column's value, checked against a Python type (bool is never an int)."""
-    if column not in row:
-        raise MappingError(None, column, "required column is missing")
-    value = row[column]
+    """The column's value, checked against a Python type (bool is never an int; a
+    datetime is never a date)."""
+    try:
+        value = row[column]
+    except KeyError:
+        raise MappingError(None, column, "required column is missing") from None
     if value is None:
         if nullable:
             return None
         raise MappingError(None, column, "required value is null")
     kinds = kind if isinstance(kind, tuple) else (kind,)
+    if type(value) in kinds:  # the common case, exact type
+        return value
     if isinstance(value, bool) and bool not in kinds:
         raise MappingError(None, column, f"expected {_names(kinds)}, got bool")
-    if datetime in kinds and date not in kinds and not isinstance(value, datetime):
-        raise MappingError(None, column, f"expected {_names(kinds)}, got {type(value).__name__}")
+    if isinstance(value, datetime) and datetime not in kinds:
+        raise MappingError(None, column, f"expected {_names(kinds)}, got datetime")
     if not isinstance(value, kinds):
         raise MappingError(None, column, f"expected {_names(kinds)}, got {type(value).__name__}")
     return value

@@ -318,8 +318,9 @@ class Runner:
         error_count = 0
         db_now = self._db_now()
         if not schema_problems:
-            for page in iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
-                                             location=cfg.source.location, timer=self.warehouse):
+            pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
+                                         location=cfg.source.location, timer=self.warehouse)
+            for page in _prefetch(pages, self.prefetch_pages):  # the next page is read while this one maps
                 mapped: list[MappedRecord] = []
                 for row in page:
                     try:

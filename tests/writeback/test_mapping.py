@@ -77,7 +77,7 @@ def test_omitted_and_null_hash_differently():
     ("account_id", "0" * 19, "refusing to truncate"),
     ("account_id", 42, "expected str"),
     ("month_start", date(2025, 3, 2), "first day"),
-    ("month_start", datetime(2025, 3, 1, tzinfo=UTC), "expected DATE"),
+    ("month_start", datetime(2025, 3, 1, tzinfo=UTC), "got datetime"),
     ("currency_code", "XXX", "currency"),
     ("_outbound_source_updated_at", datetime(2026, 1, 1), "timezone-aware"),
     ("_outbound_source_updated_at", datetime(2026, 1, 1, 0, 0, 0, 1, tzinfo=UTC), "sub-millisecond"),

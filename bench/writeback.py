@@ -1,0 +1,187 @@
+"""Writeback benchmark: is the NexusCRM API the bottleneck?
+
+    python bench/writeback.py --rows 100000 --latency-ms 200
+
+Seeds N Month End ARR rows in a BigQuery emulator (its own process), serves the
+NexusCRM simulator over HTTP from another process with L ms added per call, runs
+`month_end_arr` through the runner against a fresh embedded Postgres control plane
+(or NEXUS_PG_DSN), then reruns it unchanged. Prints per-stage times and, as the last
+line of stdout, one JSON object.
+
+Peak RSS is this process only (the runner); the emulator, the simulator and Postgres
+run in their own processes, as BigQuery, NexusCRM and the control plane would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import os
+import resource
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def _serve_simulator(latency_s: float, conn) -> None:
+    """Simulator process: serve over HTTP, answer 'calls' and 'stop' over the pipe."""
+    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, serve_in_thread
+    from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
+
+    state = NexusCrmState(latency_s=latency_s, api_limit=10_000_000)
+    crm_metadata.define_object(state)
+    url, stop = serve_in_thread(build_nexuscrm_app(state))
+    conn.send((url, state.client_id, state.client_secret))
+    while True:
+        command = conn.recv()
+        if command == "calls":
+            conn.send(state.calls())
+        elif command == "records":
+            conn.send(len(state.records("Month_End_ARR__c")))
+        else:
+            stop()
+            conn.send("stopped")
+            return
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--latency-ms", type=float, default=200.0)
+    parser.add_argument("--page-size", type=int, default=5000)
+    args = parser.parse_args()
+
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.control.migrations import apply_migrations
+    from nexus_pipelines.integrations.bigquery import make_bigquery_client
+    from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
+    from nexus_pipelines.local.postgres import FAST_SETTINGS, EmbeddedPostgres, ensure_database, with_database
+    from nexus_pipelines.settings import PROJECT_ROOT
+    from nexus_pipelines.writeback.config import parse_config
+    from nexus_pipelines.writeback.contract import JobContext
+    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
+    from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+    from nexus_pipelines.writeback.runner import Runner
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+
+    work = Path(tempfile.mkdtemp(prefix="wb_bench_"))
+    postgres = None
+    if os.environ.get("NEXUS_PG_DSN"):
+        admin = os.environ["NEXUS_PG_DSN"]
+    else:
+        postgres = EmbeddedPostgres(work / "pg", settings=FAST_SETTINGS)
+        admin = postgres.start().dsn()
+    dbname = f"wb_bench_{uuid.uuid4().hex[:8]}"
+    ensure_database(admin, dbname)
+    dsn = with_database(admin, dbname)
+    apply_migrations(dsn)
+    emulator = EmulatorProcess(work / "bq")
+    bq_url = emulator.start()
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    simulator = ctx.Process(target=_serve_simulator, args=(args.latency_ms / 1000.0, child), daemon=True)
+    simulator.start()
+    sim_url, client_id, client_secret = parent.recv()
+    os.environ.update({"NEXUSCRM_BASE_URL": sim_url, "NEXUSCRM_CLIENT_ID": client_id,
+                       "NEXUSCRM_CLIENT_SECRET": client_secret})
+    try:
+        bq = make_bigquery_client("nexus-bench", "US", bq_url)
+        dataset = "bench_src"
+        t = time.perf_counter()
+        seed_source(bq, dataset, args.rows)
+        say(f"seeded {args.rows} rows in {time.perf_counter() - t:.1f}s; CRM latency {args.latency_ms:.0f} ms/call")
+        data = {
+            "version": 1,
+            "source": {"project": "nexus-bench", "location": "US", "sql_file": "../../sql/jobs/month_end_arr.sql",
+                       "readiness_sql_file": "../../sql/jobs/month_end_arr-readiness.sql",
+                       "freshness_max_age_minutes": 600, "sql_vars": {"source_dataset": dataset}},
+            "target": {"base_url_env": "NEXUSCRM_BASE_URL", "api_version": "v63.0",
+                       "client_id_env": "NEXUSCRM_CLIENT_ID", "client_secret_env": "NEXUSCRM_CLIENT_SECRET",
+                       "local_mode": True},
+            "state": {"project": "nexus-bench", "dataset": "nexuscrm_control"},
+            "write": {"batch_size": 200, "delete_policy": "ignore", "max_attempts": 5},
+            "schedule": {"cron": "0 3 * * *", "timezone": "UTC", "paused": True},
+        }
+        loaded = parse_config(data, base_dir=PROJECT_ROOT / "configs" / "jobs")
+        runs = []
+        for label in ("first", "rerun"):
+            from datetime import UTC, datetime
+
+            with connect(dsn) as conn:
+                runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn,
+                                page_size=args.page_size)
+                t = time.perf_counter()
+                result = runner.run(JobContext(run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}",
+                                               started_at=datetime.now(UTC), dry_run=False))
+                wall = time.perf_counter() - t
+            runs.append((label, result, runner, wall))
+            say(f"{label}: {result.status} selected={result.selected} unchanged={result.unchanged} "
+                f"succeeded={result.succeeded} failed={result.retryable_failed + result.permanently_failed} "
+                f"batches={result.batches} crm_calls={result.crm_calls} wall={wall:.2f}s "
+                f"warehouse_read={runner.warehouse.seconds:.2f}s ({runner.warehouse.queries} queries)")
+            for stage, seconds in result.stage_seconds.items():
+                say(f"  {stage:<18} {seconds:8.3f}s")
+            commits = runner.ledger_commit_ms
+            if commits:
+                say(f"  ledger commit per batch: p50={_pct(commits, 0.5):.2f} ms p95={_pct(commits, 0.95):.2f} ms "
+                    f"max={max(commits):.2f} ms over {len(commits)} batches")
+        parent.send("records")
+        crm_records = parent.recv()
+        _, first, first_runner, first_wall = runs[0]
+        _, rerun, _, _ = runs[1]
+        changed = first.would_write
+        # BigQuery time on the critical path: every stage before the write pass waits on it;
+        # in the write pass the next page is read on a prefetch thread while the CRM call runs.
+        summary = {
+            "rows": args.rows,
+            "changed": changed,
+            "calls": first.crm_calls,
+            "min_calls": math.ceil(changed / 200),
+            "latency_ms": args.latency_ms,
+            "total_s": round(first_wall, 3),
+            "warehouse_read_s": round(first_runner.warehouse.seconds, 3),
+            "ledger_commit_p95_ms": round(_pct(first_runner.ledger_commit_ms, 0.95), 3),
+            "unchanged_rerun_calls": rerun.crm_calls,
+            "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "crm_records": crm_records,
+            "first_status": first.status,
+            "rerun_status": rerun.status,
+            "rerun_total_s": round(runs[1][3], 3),
+            "crm_calls_s": round(first.stage_seconds.get("crm_calls", 0.0), 3),
+            "ledger_writes_s": round(first.stage_seconds.get("ledger_writes", 0.0), 3),
+            "validation_pass_s": round(first.stage_seconds.get("validation_pass", 0.0), 3),
+        }
+        budget = 1.10 * summary["calls"] * args.latency_ms / 1000
+        say(f"non-warehouse time {first_wall - first_runner.warehouse.seconds:.2f}s vs "
+            f"1.10 x calls x latency = {budget:.2f}s")
+        print(json.dumps(summary, sort_keys=True), flush=True)
+        return 0
+    finally:
+        try:
+            parent.send("stop")
+            parent.recv()
+        except (OSError, EOFError):
+            pass
+        simulator.join(timeout=10)
+        emulator.stop()
+        if postgres is not None:
+            postgres.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
