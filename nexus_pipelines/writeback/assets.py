@@ -29,6 +29,7 @@ from dagster import (
     AssetCheckSeverity,
     AssetExecutionContext,
     AssetKey,
+    AssetObservation,
     AssetSpec,
     Config,
     Failure,
@@ -161,8 +162,11 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
             elif isinstance(event, JobResult):
                 result = event
     assert result is not None
-    if result.status in ("succeeded", "completed_with_errors", "dry_run"):
+    if result.status in ("succeeded", "completed_with_errors"):
         yield MaterializeResult(asset_key=keys["crm"], metadata=result_metadata(result, run_id, runner))
+    elif result.status in ("dry_run", "skipped_already_running"):
+        # Nothing was written: an observation, not a materialization of the CRM object.
+        context.log_event(AssetObservation(asset_key=keys["crm"], metadata=result_metadata(result, run_id, runner)))
     if result.status == "skipped_already_running":
         context.log.warning(f"{definition.name}: {result.error_message}; nothing was done (skipped_already_running)")
         return

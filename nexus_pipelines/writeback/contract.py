@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 RunStatus = Literal["succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running"]
 TERMINAL_STATUSES: frozenset[str] = frozenset(
@@ -63,6 +63,7 @@ def exit_code(result: JobResult) -> int:
     return EXIT_OK
 
 
+@runtime_checkable
 class Job(Protocol):
     name: str
 

@@ -70,16 +70,16 @@ def run_in_process(job_name: str, config_path: str | None, *, resources: dict[st
     ledger_run_id = run_id or result.run_id
     crm = [e.event_specific_data.materialization for e in result.get_asset_materialization_events()
            if e.asset_key == keys["crm"]]
+    crm += [e.event_specific_data.asset_observation for e in result.get_asset_observation_events()
+            if e.asset_key == keys["crm"]]
     if crm:
         meta = crm[0].metadata
         counts = {k: int(meta[k].value) for k in COUNT_KEYS if k in meta}
         status = str(meta["status"].value)
         bad = counts.get("retryable_failed", 0) + counts.get("deferred", 0) + counts.get("new_permanent_failures", 0)
         code = EXIT_RECORD_ERRORS if status == "completed_with_errors" and bad else EXIT_OK
-        return InProcessOutcome(job_name, ledger_run_id, result.run_id, status, code, counts)
-    if result.success:
-        return InProcessOutcome(job_name, ledger_run_id, result.run_id, "skipped_already_running", EXIT_OK,
-                                error="another run holds the job lease")
+        error = "another run holds the job lease" if status == "skipped_already_running" else None
+        return InProcessOutcome(job_name, ledger_run_id, result.run_id, status, code, counts, error)
     failure = next((e for e in result.all_events if e.is_step_failure), None)
     message = None
     if failure is not None and failure.step_failure_data and failure.step_failure_data.user_failure_data:

@@ -625,3 +625,23 @@ def _prefetch(source: Iterator[Any], depth: int) -> Iterator[Any]:
             except queue.Empty:
                 pass
             thread.join(timeout=0.1)
+
+
+class WritebackJob:
+    """A registered job bound to its config and services: the seed's `Job` protocol."""
+
+    def __init__(self, name: str, mapper: Mapper, config: LoadedConfig, *, bq: bigquery.Client,
+                 conn: psycopg.Connection, crm_factory: Callable[[LoadedConfig], NexusCrmClient] = default_crm_factory,
+                 **runner_options: Any) -> None:
+        self.name = name
+        self._build = lambda: Runner(name, mapper, config, bq=bq, conn=conn, crm_factory=crm_factory,
+                                     **runner_options)
+
+    def validate(self, context: JobContext) -> None:
+        """Steps 1-7 with no writes (a dry run); raises RunFailed when anything fails."""
+        result = self._build().run(replace(context, dry_run=True))
+        if result.status == "failed":
+            raise RunFailed(result.error_message or "validation failed")
+
+    def run(self, context: JobContext) -> JobResult:
+        return self._build().run(context)

@@ -117,6 +117,10 @@ def test_dry_run_from_launchpad_writes_nothing(tmp_path, control_dsn, bq_emulato
     result = run(tmp_path, control_dsn, bq_emulator_url, state, source, dry_run=True)
     assert result.success
     assert state.calls().get("upsert", 0) == 0
+    assert KEYS["crm"] not in {e.asset_key for e in result.get_asset_materialization_events()}
+    (observed,) = [e for e in result.get_asset_observation_events() if e.asset_key == KEYS["crm"]]
+    meta = observed.event_specific_data.asset_observation.metadata
+    assert meta["status"].value == "dry_run" and meta["would_write"].value + meta["unchanged"].value == 60
     row = control_conn.execute("SELECT status, selected_rows FROM outbound_runs WHERE run_id = %s", (result.run_id,)).fetchone()
     assert row == ("dry_run", 60)
 

@@ -42,3 +42,49 @@ def test_first_run_writes_everything_and_rerun_skips_unchanged(source, make_runn
     assert control_conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
     tables = [t.table_id for t in bq_client.list_tables(config.config.state.dataset)]
     assert not [t for t in tables if t.startswith("wb_candidates_")]
+
+
+def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner, sim_state):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 25)
+    result = make_runner(make_config(dataset, batch_size=10), sim_state, job_name="order").run(context("order-1"))
+    assert result.batches == 3
+    sizes = [e.record_count for e in sim_state.request_log() if "composite" in e.path]
+    assert sizes == [10, 10, 5]
+    from nexus_pipelines.control.db import connect
+
+    batches = make_runner(make_config(dataset), sim_state, job_name="order").ledger.conn.execute(
+        "SELECT batch_id, min(external_id), max(external_id) FROM outbound_record_attempts "
+        "WHERE run_id = 'order-1' GROUP BY batch_id ORDER BY batch_id").fetchall()
+    assert [b[0] for b in batches] == ["order-1:000001", "order-1:000002", "order-1:000003"]
+    assert batches[0][2] < batches[1][1] and batches[1][2] < batches[2][1]
+
+
+def test_mistyped_source_column_fails_the_mapping_check_before_writes(bq_client, make_runner, sim_state):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 10)
+    bq_client.query(f"CREATE OR REPLACE TABLE `{dataset}.month_end_arr` AS SELECT * REPLACE "
+                    f"(CAST(arr_amount AS FLOAT64) AS arr_amount) FROM `{dataset}.month_end_arr`").result()
+    result = make_runner(make_config(dataset), sim_state, job_name="typed").run(context())
+    assert result.status == "failed" and "column arr_amount is FLOAT" in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0
+
+
+def test_writeback_job_implements_the_job_protocol(bq_client, control_dsn, source, sim_state):
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.writeback.contract import Job
+    from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+    from nexus_pipelines.writeback.runner import RunFailed, WritebackJob
+
+    from .conftest import crm_factory
+
+    with connect(control_dsn) as conn:
+        job = WritebackJob("protocol", MonthEndArrMapper(), make_config(source), bq=bq_client, conn=conn,
+                           crm_factory=crm_factory(sim_state))
+        assert isinstance(job, Job) and job.name == "protocol"
+        job.validate(context())
+        assert sim_state.calls().get("upsert", 0) == 0
+        broken = WritebackJob("protocol", MonthEndArrMapper(), make_config("no_such_dataset"), bq=bq_client,
+                              conn=conn, crm_factory=crm_factory(sim_state))
+        with pytest.raises(RunFailed):
+            broken.validate(context())
