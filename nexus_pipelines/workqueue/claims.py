@@ -239,29 +239,41 @@ def _fence_arrays(fences: Iterable[tuple[int, int]]) -> tuple[list[int], list[in
     return ids, tokens
 
 
-_RENEW = """
+# Batched fenced statements lock their rows in work_id order first, so two of them
+# over overlapping rows (a heartbeat renewing while a batch completes) cannot deadlock.
+_HELD = """
+WITH held AS (
+    SELECT w.work_id
+      FROM connector_work_items w
+      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+        ON w.work_id = d.work_id AND w.lease_token = d.token
+     WHERE w.state = 'running' AND w.lease_until > now()
+     ORDER BY w.work_id
+       FOR NO KEY UPDATE OF w
+)
+"""
+
+_RENEW = _HELD + """
 UPDATE connector_work_items w
    SET lease_until = now() + %(ttl)s
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
- WHERE w.work_id = d.work_id AND w.lease_token = d.token
-   AND w.state = 'running' AND w.lease_until > now()
+  FROM held
+ WHERE w.work_id = held.work_id
 RETURNING w.work_id
 """
 
-_COMPLETE = """
+_COMPLETE = _HELD + """
 UPDATE connector_work_items w
    SET state = 'completed',
        outcome = %(outcome)s,
        lease_until = NULL,
        finished_at = now(),
        updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
- WHERE w.work_id = d.work_id AND w.lease_token = d.token
-   AND w.state = 'running' AND w.lease_until > now()
+  FROM held
+ WHERE w.work_id = held.work_id
 RETURNING w.work_id
 """
 
-_FAIL = """
+_FAIL = _HELD + """
 UPDATE connector_work_items w
    SET state = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
        run_after = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN w.run_after
@@ -272,11 +284,11 @@ UPDATE connector_work_items w
        failure_summary = d.summary,
        lease_until = NULL,
        updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(classes)s::text[], %(summaries)s::text[],
-              %(delays)s::float8[], %(terminal)s::boolean[])
-       AS d(work_id, token, failure_class, summary, delay_s, terminal)
- WHERE w.work_id = d.work_id AND w.lease_token = d.token
-   AND w.state = 'running' AND w.lease_until > now()
+  FROM held
+  JOIN unnest(%(ids)s::bigint[], %(classes)s::text[], %(summaries)s::text[], %(delays)s::float8[],
+              %(terminal)s::boolean[])
+       AS d(work_id, failure_class, summary, delay_s, terminal) ON d.work_id = held.work_id
+ WHERE w.work_id = held.work_id
 RETURNING w.work_id, w.state
 """
 

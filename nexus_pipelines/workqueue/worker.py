@@ -89,6 +89,8 @@ class _Heartbeat(threading.Thread):
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self.lost: set[int] = set()
+        # held while renewing and while the drain finalizes, so the two never contend
+        self.db_lock = threading.Lock()
         self.error: BaseException | None = None
 
     def hold(self, items: Sequence[ClaimedItem]) -> None:
@@ -108,17 +110,18 @@ class _Heartbeat(threading.Thread):
         try:
             with _connection(self._source) as conn:
                 while not self._halt.wait(self._interval):
-                    with self._lock:
-                        held = list(self._held.values())
-                    if not held:
-                        continue
-                    renewed = claims.renew(conn, (i.fence for i in held), self._ttl)
-                    for item in held:
-                        if item.work_id not in renewed:
-                            item.lease_lost.set()
-                            with self._lock:
-                                self.lost.add(item.work_id)
-                                self._held.pop(item.work_id, None)
+                    with self.db_lock:
+                        with self._lock:
+                            held = list(self._held.values())
+                        if not held:
+                            continue
+                        renewed = claims.renew(conn, (i.fence for i in held), self._ttl)
+                        for item in held:
+                            if item.work_id not in renewed:
+                                item.lease_lost.set()
+                                with self._lock:
+                                    self.lost.add(item.work_id)
+                                    self._held.pop(item.work_id, None)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the drain loop
             self.error = exc
             with self._lock:
@@ -182,6 +185,13 @@ def drain(
             report.reclaimed_dead += rec.dead
 
         def finalize(done: list[tuple[ClaimedItem, str | None, BaseException | None]]) -> None:
+            if heartbeat is None:
+                _finalize(done)
+                return
+            with heartbeat.db_lock:
+                _finalize(done)
+
+        def _finalize(done: list[tuple[ClaimedItem, str | None, BaseException | None]]) -> None:
             lost = heartbeat.lost if heartbeat else set()
             ok = [(i, o) for i, o, e in done if e is None and i.work_id not in lost and not i.lease_lost.is_set()]
             failed = [(i, e) for i, _, e in done if e is not None and i.work_id not in lost and not i.lease_lost.is_set()]

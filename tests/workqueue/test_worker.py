@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import threading
+import time
+
+from nexus_pipelines.workqueue.handlers import NOOP, HandlerRegistry, PermanentError
+from nexus_pipelines.workqueue.retry import RetryPolicy
+from nexus_pipelines.workqueue.worker import drain
+
+from .conftest import enqueue, items
+
+FAST = RetryPolicy(base_s=0, cap_s=0, jitter=0)
+
+
+def states(conn, reg):
+    return dict(
+        conn.execute(
+            "SELECT state, count(*) FROM connector_work_items WHERE registration_id = %s GROUP BY state", (reg,)
+        ).fetchall()
+    )
+
+
+def test_drain_runs_handlers_and_records_outcomes(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(5, "ok") + items(2, "flaky", max_attempts=2) + items(1, "bad"))
+
+    def flaky(item):
+        raise RuntimeError("temporary outage secret=shhh12345")
+
+    def bad(item):
+        raise PermanentError("cannot map this record")
+
+    registry = HandlerRegistry({"ok": lambda item: "done", "flaky": flaky, "bad": bad})
+    report = drain(control_dsn, registry, registration_ids=[reg], concurrency=3, retry_policy=FAST, time_budget_s=30)
+    assert report.completed == 5 and report.dead == 3 and report.retried == 2 and report.lost == 0
+    assert states(control_conn, reg) == {"completed": 5, "dead": 3}
+    rows = control_conn.execute(
+        "SELECT work_type, failure_class, failure_summary, outcome FROM connector_work_items"
+        " WHERE registration_id = %s AND state = 'dead' ORDER BY work_type",
+        (reg,),
+    ).fetchall()
+    assert rows[0][:2] == ("bad", "permanent") and rows[1][1] == "RuntimeError"
+    assert all("shhh12345" not in r[2] for r in rows)
+    (outcome,) = control_conn.execute(
+        "SELECT DISTINCT outcome FROM connector_work_items WHERE registration_id = %s AND state = 'completed'", (reg,)
+    ).fetchone()
+    assert outcome == "done"
+
+
+def test_lost_lease_is_detected_by_the_heartbeat_and_the_result_discarded(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(1, "slow"))
+    flagged = threading.Event()
+
+    def slow(item):
+        # another party takes the item over while the handler runs
+        control_conn.execute(
+            "UPDATE connector_work_items SET lease_token = lease_token + 1000000 WHERE work_id = %s", (item.work_id,)
+        )
+        flagged.set() if item.lease_lost.wait(10) else None
+        return "done"
+
+    report = drain(
+        control_dsn, HandlerRegistry({"slow": slow}), registration_ids=[reg], lease_ttl_s=0.6, time_budget_s=20
+    )
+    assert flagged.is_set()
+    assert report.lost == 1 and report.completed == 0
+    assert states(control_conn, reg) == {"running": 1}  # untouched by the stale holder
+
+
+def test_lease_is_renewed_while_a_handler_runs(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(1, "long"))
+
+    def long(item):
+        time.sleep(1.5)  # three lease lengths
+        return None
+
+    report = drain(control_dsn, HandlerRegistry({"long": long}), registration_ids=[reg], lease_ttl_s=0.5, time_budget_s=20)
+    assert report.completed == 1 and report.lost == 0
+    (attempts, reclaims) = control_conn.execute(
+        "SELECT attempts, reclaims FROM connector_work_items WHERE registration_id = %s", (reg,)
+    ).fetchone()
+    assert (attempts, reclaims) == (1, 0)
+
+
+def test_max_items_and_noop_fast_path(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(250, "n"))
+    report = drain(control_dsn, HandlerRegistry({"n": NOOP}), registration_ids=[reg], max_items=120, claim_batch=50)
+    assert report.claimed == 120 and report.completed == 120 and report.stopped == "max_items"
+    report = drain(control_dsn, HandlerRegistry({"n": NOOP}), registration_ids=[reg], claim_batch=50)
+    assert report.completed == 130 and report.stopped == "idle"
+
+
+def test_time_budget_stops_claiming(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(50, "s"))
+    report = drain(
+        control_dsn, HandlerRegistry({"s": lambda item: time.sleep(0.05)}), registration_ids=[reg], time_budget_s=0.3,
+        concurrency=1,
+    )
+    assert report.stopped == "time_budget" and 0 < report.completed < 50 and report.lost == 0
+    assert states(control_conn, reg).get("running", 0) == 0
