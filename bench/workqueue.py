@@ -61,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {list(DRIVERS)}")
 
     summaries: dict[str, dict] = {}
+    load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: context for the numbers
     with postgres_server() as server_dsn:
         with __import__("psycopg").connect(server_dsn) as conn:
             server_version = conn.execute("SHOW server_version").fetchone()[0]
@@ -73,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                 if run.ok:
                     log(f"{system}: {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s), verified; per worker {run.per_worker_jobs}")
                 else:
-                    log(f"{system}: FAILED: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
+                    rate = f" after {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s)" if run.jobs_per_s else ""
+                    log(f"{system}: FAILED{rate}: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
                 runs.append(run)
             summaries[system] = summarize(system, runs)
             summaries[system]["options"] = getattr(driver(system), "OPTIONS", {})
@@ -94,6 +96,20 @@ def main(argv: list[str] | None = None) -> int:
         **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
         "verified": bool(summaries) and all(s["verified"] for s in summaries.values()),
         "verified_by_system": {system: s["verified"] for system, s in summaries.items()},
+        "systems": {
+            system: {
+                "jobs_per_s_runs": [r["jobs_per_s"] and round(r["jobs_per_s"], 1) for r in s["runs"]],
+                "wall_s_runs": [r["wall_s"] and round(r["wall_s"], 3) for r in s["runs"]],
+                "verification": [
+                    {"effects": r["effects"], "distinct_effects": r["distinct_effects"], **r["queue"], "error": r["error"]}
+                    for r in s["runs"]
+                ],
+                "options": s["options"],
+            }
+            for system, s in summaries.items()
+        },
+        "cpus": os.cpu_count(),
+        "loadavg_1m_start_end": [load_start, round(os.getloadavg()[0], 2)],
         "postgres": server_version,
         "fsync": fsync,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -20,6 +20,7 @@ import importlib
 import multiprocessing as mp
 import statistics
 import sys
+import threading
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -80,6 +81,13 @@ def _worker_main(system: str, dsn: str, worker_index: int, n: int, start, result
             pass
 
 
+def _first_error(results) -> str:
+    try:
+        return next(err for *_, err in iter(lambda: results.get(timeout=5), None) if err)
+    except (Empty, StopIteration):
+        return "(no error reported)"
+
+
 # --- one timed run of one system ---------------------------------------------------------
 
 @dataclass
@@ -116,21 +124,25 @@ def run_once(system: str, server_dsn: str, n: int, workers: int, timeout_s: floa
         ]
         for proc in procs:
             proc.start()
-        start.wait(timeout=120)  # every worker is connected and ready
+        try:
+            start.wait(timeout=120)  # every worker is connected and ready
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"{system} worker failed before the start:\n{_first_error(results)}") from None
         t0 = time.monotonic()
         deadline = t0 + timeout_s
         reports = []
         while len(reports) < workers:
             try:
-                reports.append(results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic()))))
+                report = results.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
             except Empty:
                 if time.monotonic() >= deadline:
                     raise TimeoutError(f"{system} did not finish {n} jobs within {timeout_s:.0f}s") from None
                 if not any(p.is_alive() for p in procs) and results.empty():
                     raise RuntimeError(f"{system} workers exited without reporting") from None
-        errors = [err for *_, err in reports if err]
-        if errors:
-            raise RuntimeError(f"{system} worker failed:\n{errors[0]}")
+                continue
+            if report[3]:
+                raise RuntimeError(f"{system} worker {report[0]} failed:\n{report[3]}")
+            reports.append(report)
         result.wall_s = max(finished for _, finished, _, _ in reports) - t0
         result.jobs_per_s = n / result.wall_s
         result.per_worker_jobs = [count for _, _, count, _ in sorted(reports)]
