@@ -131,11 +131,16 @@ cand AS (
      ) c
 ),
 pick AS (
+    -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
+    -- this claim gets: two claims in flight never insert the same in-flight lane key
+    -- (which would make one wait on the other, or deadlock, in the unique index)
     SELECT work_id, lease_token
-      FROM (SELECT work_id, lease_token, target_lane_key,
+      FROM (SELECT work_id, lease_token, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
-     WHERE target_lane_key IS NULL OR lane_rank = 1
+     WHERE target_lane_key IS NULL
+        OR (lane_rank = 1
+            AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
      LIMIT %(limit)s
 )
 UPDATE connector_work_items w
@@ -181,12 +186,13 @@ def claim_batch(
     queue_classes: Sequence[str] | None = None,
     registration_ids: Sequence[str] | None = None,
     with_payload: bool = True,
-    scan_factor: int = 2,
+    scan_factor: int = 1,
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active generations in one statement.
 
     Returns [] when a concurrent claimer won a lane race (the partial unique lane
-    indexes rejected the statement); the caller simply claims again.
+    indexes rejected the statement); the caller simply claims again. `scan_factor`
+    times `limit` candidates are locked, of which at most `limit` are taken.
     """
     if limit <= 0:
         return []
@@ -207,7 +213,9 @@ def claim_batch(
     }
     try:
         rows = conn.execute(sql, params, prepare=True).fetchall()
-    except errors.UniqueViolation:
+    except (errors.UniqueViolation, errors.DeadlockDetected):
+        # a concurrent claim won a lane race the try-locks could not see (it committed
+        # between this statement's snapshot and its index insert): claim again
         return []
     return [
         ClaimedItem(

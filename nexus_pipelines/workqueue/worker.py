@@ -129,12 +129,27 @@ class _Heartbeat(threading.Thread):
                     item.lease_lost.set()
 
 
-def _run_handler(registry: HandlerRegistry, item: ClaimedItem) -> tuple[ClaimedItem, str | None, BaseException | None]:
-    try:
-        outcome = registry[item.work_type](item)
-        return item, outcome, None
-    except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded on the item
-        return item, None, exc
+Result = tuple[ClaimedItem, "str | None", "BaseException | None"]
+
+# Handlers of a chunk run one after another on one pool thread, so the pool's size
+# (`concurrency`) still bounds how many items run at once. Chunks are sized from the
+# moving average handler time so that a chunk takes about this long: slow handlers get
+# one item per task (full parallelism), fast ones share a task (fewer thread hand-offs).
+_CHUNK_TARGET_S = 0.002
+
+
+def _run_chunk(registry: HandlerRegistry, items: list[ClaimedItem]) -> tuple[list[Result], float]:
+    results: list[Result] = []
+    started = time.perf_counter()
+    for item in items:
+        if item.lease_lost.is_set():  # lost while waiting for its turn: do not start it
+            results.append((item, None, None))
+            continue
+        try:
+            results.append((item, registry[item.work_type](item), None))
+        except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded on the item
+            results.append((item, None, exc))
+    return results, (time.perf_counter() - started) / max(len(items), 1)
 
 
 def drain(
@@ -167,6 +182,7 @@ def drain(
     work_types = registry.work_types
     results: queue.SimpleQueue = queue.SimpleQueue()
     inflight: dict[int, ClaimedItem] = {}
+    per_item_s: float | None = None  # moving average handler time per item
 
     with ExitStack() as stack:
         conn = stack.enter_context(_connection(dsn_or_pool))
@@ -268,21 +284,27 @@ def drain(
                     heartbeat.hold(claimed)
                     for item in claimed:
                         inflight[item.work_id] = item
-                        pool.submit(_run_handler, registry, item).add_done_callback(
+                    size = 1 if per_item_s is None else max(1, min(len(claimed), int(_CHUNK_TARGET_S / max(per_item_s, 1e-7))))
+                    for start in range(0, len(claimed), size):
+                        pool.submit(_run_chunk, registry, claimed[start : start + size]).add_done_callback(
                             lambda fut: results.put(fut.result())
                         )
                 if inflight:
-                    done = []
+                    done: list[Result] = []
                     wait = 0.0 if claimed and len(inflight) < concurrency else min(poll_interval_s, 0.05)
+                    chunks = []
                     try:
-                        done.append(results.get(timeout=wait) if wait > 0 else results.get_nowait())
+                        chunks.append(results.get(timeout=wait) if wait > 0 else results.get_nowait())
                     except queue.Empty:
                         pass
                     while True:
                         try:
-                            done.append(results.get_nowait())
+                            chunks.append(results.get_nowait())
                         except queue.Empty:
                             break
+                    for chunk_results, chunk_per_item in chunks:
+                        done.extend(chunk_results)
+                        per_item_s = chunk_per_item if per_item_s is None else 0.8 * per_item_s + 0.2 * chunk_per_item
                     if done:
                         for item, _, _ in done:
                             inflight.pop(item.work_id, None)
