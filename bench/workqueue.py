@@ -66,9 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         with __import__("psycopg").connect(server_dsn) as conn:
             server_version = conn.execute("SHOW server_version").fetchone()[0]
             fsync = conn.execute("SHOW fsync").fetchone()[0]
-        for system in systems:
-            runs = []
-            for k in range(args.repeat):
+        # Round-robin over systems, so a noisy neighbour on a shared machine hits them alike.
+        runs: dict[str, list] = {system: [] for system in systems}
+        for k in range(args.repeat):
+            for system in systems:
                 log(f"{system}: run {k + 1}/{args.repeat}, {args.items} items, {args.workers} worker(s)")
                 run = run_once(system, server_dsn, args.items, args.workers, args.timeout, f"{os.getpid()}_{k}")
                 if run.ok:
@@ -76,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     rate = f" after {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s)" if run.jobs_per_s else ""
                     log(f"{system}: FAILED{rate}: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
-                runs.append(run)
-            summaries[system] = summarize(system, runs)
+                runs[system].append(run)
+        for system in systems:
+            summaries[system] = summarize(system, runs[system])
             summaries[system]["options"] = getattr(driver(system), "OPTIONS", {})
 
     print(f"work-queue throughput: {args.items} no-op jobs, {args.workers} worker process(es), "

@@ -114,8 +114,9 @@ def verify(dsn: str, n: int) -> dict:
                  FROM connector_work_items"""
         ).fetchone()
         # now() is the statement's transaction time: one distinct value per claim / complete statement.
-        claims, completes = conn.execute(
-            "SELECT count(DISTINCT claimed_at), count(DISTINCT finished_at) FROM connector_work_items"
+        claims, completes, span = conn.execute(
+            """SELECT count(DISTINCT claimed_at), count(DISTINCT finished_at),
+                      extract(epoch FROM max(finished_at) - min(claimed_at)) FROM connector_work_items"""
         ).fetchone()
         joined = conn.execute(
             "SELECT count(*) FROM public.bench_effects e JOIN connector_work_items w ON w.work_id = e.job_id"
@@ -128,5 +129,6 @@ def verify(dsn: str, n: int) -> dict:
         "effects_matching_items": joined,
         "claim_statements": claims,
         "complete_statements": completes,
+        "db_span_s": round(float(span), 3),
         "queue_ok": total == n and completed == n and once == n and tokens == n and joined == n,
     }

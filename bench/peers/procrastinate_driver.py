@@ -70,6 +70,10 @@ def verify(dsn: str, n: int) -> dict:
         total, succeeded, distinct = conn.execute(
             "SELECT count(*), count(*) FILTER (WHERE status = 'succeeded'), count(DISTINCT id) FROM procrastinate_jobs"
         ).fetchone()
+        span = conn.execute(
+            "SELECT extract(epoch FROM max(at) FILTER (WHERE type = 'succeeded') - min(at) FILTER (WHERE type = 'started'))"
+            " FROM procrastinate_events"
+        ).fetchone()[0]
         joined = conn.execute(
             "SELECT count(*) FROM public.bench_effects e JOIN procrastinate_jobs j ON j.id = e.job_id"
         ).fetchone()[0]
@@ -77,5 +81,6 @@ def verify(dsn: str, n: int) -> dict:
         "jobs": total,
         "succeeded": succeeded,
         "effects_matching_jobs": joined,
+        "db_span_s": round(float(span), 3),
         "queue_ok": total == n and succeeded == n and distinct == n and joined == n,
     }
