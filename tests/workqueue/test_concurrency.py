@@ -244,8 +244,9 @@ def test_quiesce_racing_claimers_admits_no_claim_after_it_returns(control_dsn, r
     def claimer() -> None:
         with connect(control_dsn) as conn:
             while not stop.is_set():
-                got = claims.claim_batch(conn, owner="c", limit=5, lease_ttl=timedelta(seconds=30), registration_ids=[reg])
+                got = claims.claim_batch(conn, owner="c", limit=1, lease_ttl=timedelta(seconds=30), registration_ids=[reg])
                 claims.complete(conn, [i.fence for i in got])
+                time.sleep(0.002)
 
     threads = [threading.Thread(target=claimer) for _ in range(3)]
     for t in threads:
