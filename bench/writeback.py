@@ -62,13 +62,14 @@ def main() -> int:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--page-size", type=int, default=5000)
+    parser.add_argument("--prefetch-pages", type=int, default=2, help="0 reads pages inline, between batches")
     args = parser.parse_args()
 
     from nexus_pipelines.control.db import connect
     from nexus_pipelines.control.migrations import apply_migrations
     from nexus_pipelines.integrations.bigquery import make_bigquery_client
     from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
-    from nexus_pipelines.local.postgres import FAST_SETTINGS, EmbeddedPostgres, ensure_database, with_database
+    from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database, with_database
     from nexus_pipelines.settings import PROJECT_ROOT
     from nexus_pipelines.writeback.config import parse_config
     from nexus_pipelines.writeback.contract import JobContext
@@ -84,7 +85,7 @@ def main() -> int:
     if os.environ.get("NEXUS_PG_DSN"):
         admin = os.environ["NEXUS_PG_DSN"]
     else:
-        postgres = EmbeddedPostgres(work / "pg", settings=FAST_SETTINGS)
+        postgres = EmbeddedPostgres(work / "pg")  # durable settings: commits wait for the WAL flush
         admin = postgres.start().dsn()
     dbname = f"wb_bench_{uuid.uuid4().hex[:8]}"
     ensure_database(admin, dbname)
@@ -124,7 +125,7 @@ def main() -> int:
 
             with connect(dsn) as conn:
                 runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn,
-                                page_size=args.page_size)
+                                page_size=args.page_size, prefetch_pages=args.prefetch_pages)
                 t = time.perf_counter()
                 result = runner.run(JobContext(run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}",
                                                started_at=datetime.now(UTC), dry_run=False))
