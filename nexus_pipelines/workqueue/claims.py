@@ -241,7 +241,7 @@ def claim_batch(
 def _fence_arrays(fences: Iterable[tuple[int, int]]) -> tuple[list[int], list[int]]:
     ids: list[int] = []
     tokens: list[int] = []
-    for work_id, token in fences:
+    for work_id, token in sorted(fences):
         ids.append(work_id)
         tokens.append(token)
     return ids, tokens
@@ -261,23 +261,29 @@ WITH held AS (
 )
 """
 
-_RENEW = _HELD + """
+# The hot paths (renew, complete) update directly, with the fences sorted by work_id
+# (so rows are taken in work_id order by the usual nested loop over the pkey); callers
+# must not run two of them over the same held items at once (a drain serializes its
+# heartbeat and its finalization). Failures, a cold path, take the ordered locks.
+_RENEW = """
 UPDATE connector_work_items w
    SET lease_until = now() + %(ttl)s
-  FROM held
- WHERE w.work_id = held.work_id
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+ WHERE w.work_id = d.work_id AND w.lease_token = d.token
+   AND w.state = 'running' AND w.lease_until > now()
 RETURNING w.work_id
 """
 
-_COMPLETE = _HELD + """
+_COMPLETE = """
 UPDATE connector_work_items w
    SET state = 'completed',
        outcome = %(outcome)s,
        lease_until = NULL,
        finished_at = now(),
        updated_at = now()
-  FROM held
- WHERE w.work_id = held.work_id
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+ WHERE w.work_id = d.work_id AND w.lease_token = d.token
+   AND w.state = 'running' AND w.lease_until > now()
 RETURNING w.work_id
 """
 

@@ -136,6 +136,7 @@ Result = tuple[ClaimedItem, "str | None", "BaseException | None"]
 # moving average handler time so that a chunk takes about this long: slow handlers get
 # one item per task (full parallelism), fast ones share a task (fewer thread hand-offs).
 _CHUNK_TARGET_S = 0.002
+_PREFETCH_S = 0.05
 
 
 def _run_chunk(registry: HandlerRegistry, items: list[ClaimedItem]) -> tuple[list[Result], float]:
@@ -258,7 +259,17 @@ def drain(
 
             claimed: list[ClaimedItem] = []
             if not stopping:
-                room = claim_batch if fast else max(min(claim_batch, 2 * concurrency - len(inflight)), 0)
+                if fast:
+                    room = claim_batch
+                else:
+                    # Claimed items wait in-process only as long as the pool needs to reach
+                    # them: up to what it finishes in about _PREFETCH_S at the measured handler
+                    # speed (at least 2 x concurrency, at most 4 batches), so slow handlers
+                    # never hoard items that other drains could run.
+                    cap = 2 * concurrency
+                    if per_item_s is not None:
+                        cap = max(cap, min(4 * claim_batch, int(_PREFETCH_S * concurrency / max(per_item_s, 1e-7))))
+                    room = max(min(claim_batch, cap - len(inflight)), 0)
                 if max_items is not None:
                     room = min(room, max_items - report.claimed)
                 if room > 0:
