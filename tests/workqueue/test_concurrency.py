@@ -266,3 +266,58 @@ def test_quiesce_racing_claimers_admits_no_claim_after_it_returns(control_dsn, r
         stop.set()
         for t in threads:
             t.join(10)
+
+
+def _router_that_hangs(dsn: str, reg: str) -> None:
+    from nexus_pipelines.workqueue.receipts import Route, route_receipts
+
+    def hang(receipt):
+        with connect(dsn) as conn:
+            conn.execute("INSERT INTO test_start VALUES (%s, 'router-started')", (reg,))
+        time.sleep(60)
+        return []
+
+    with connect(dsn) as conn:
+        route_receipts(conn, {"k": Route("k", 1, hang)}, owner="doomed", limit=10, lease_ttl=timedelta(seconds=1))
+
+
+def test_receipt_survives_a_killed_router_and_materializes_once(control_dsn, reg):
+    from datetime import datetime, timezone
+
+    from nexus_pipelines.workqueue.receipts import EventSpec, ReceiptIn, Route, WorkSpec, admit_receipt, route_receipts
+
+    with connect(control_dsn) as conn:
+        conn.execute(_SETUP)
+        rid = admit_receipt(
+            conn,
+            ReceiptIn(registration_id=reg, revision=1, namespace="n", delivery_id="d1", route_key="k",
+                      received_at=datetime.now(timezone.utc), body={"id": "X"}),
+        ).receipt_id
+    proc = multiprocessing.get_context("spawn").Process(target=_router_that_hangs, args=(control_dsn, reg))
+    proc.start()
+    try:
+        with connect(control_dsn) as conn:
+            for _ in range(300):
+                if conn.execute("SELECT 1 FROM test_start WHERE reg = %s AND worker = 'router-started'", (reg,)).fetchone():
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the router never started")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    routes = {"k": Route("k", 1, lambda r: [EventSpec("obj", "X", f"{reg}:X", [WorkSpec("w")])])}
+    with connect(control_dsn) as conn:  # "after the restart"
+        for _ in range(100):
+            if route_receipts(conn, routes, owner="restarted", limit=10).materialized:
+                break
+            time.sleep(0.05)
+        status, attempts, events = conn.execute(
+            "SELECT routing_status, routing_attempts, cardinality(enqueued_event_ids) FROM ingress_receipts"
+            " WHERE receipt_id = %s",
+            (rid,),
+        ).fetchone()
+        (items,) = conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchone()
+    assert (status, attempts, events, items) == ("materialized", 2, 1, 1)
