@@ -1,14 +1,19 @@
 """nexus_pipelines.workqueue through its public API: migrations, generation gate, bulk enqueue, drain.
 
 Fencing and lanes on: every item has a source lane (FIFO, one running item per lane)
-and a target mutation lane (one running item per lane), spread over LANES lanes each,
-and is claimed by fenced compare-and-swap in batches of CLAIM_BATCH and completed by
-fenced batched finalization. The handler is a real (recording) handler, not the
-registry's `NOOP` marker: `NOOP` makes the drain complete items straight from the
-claim without calling anything, so nothing could record the execution; the
-recording handler keeps the effect accounting identical to the peers'.
-`drain(claim_batch=B)` only claims up to `2 * concurrency - in_flight` items for
-real handlers, so CONCURRENCY must be >= B / 2 for full batches.
+and a target mutation lane (one running item per lane), LANES of each, crossing (a
+source lane writes to a different target lane on each pass); items are claimed by
+fenced compare-and-swap in batches of CLAIM_BATCH and completed by fenced batched
+finalization. The handler is a real (recording) handler, not the registry's `NOOP`
+marker: with `NOOP` the drain completes items straight from the claim without calling
+anything, so nothing could record the execution (BENCH_NEXUS_HANDLER=noop measures
+that path anyway; its verification fails by design).
+
+Stop rule: `drain(idle_exit=True)` stops on its first empty claim, and with lanes and
+several workers a claim comes back empty while work remains (every due lane head is
+held by another worker), so workers quit early and one finishes alone. Each worker
+instead drains with `idle_exit=False` and a `stop_event` that a side thread sets once
+`due_work` finds nothing left to claim, the rule pgqueuer's drain mode uses too.
 """
 
 from __future__ import annotations
