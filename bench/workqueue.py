@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -45,6 +46,15 @@ def postgres_server():
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _git_head() -> str | None:
+    """The commit measured (the work queue changes under the benchmark)."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True)
+        return out.stdout.strip() or None
+    except OSError:
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cpus": os.cpu_count(),
         "loadavg_1m_start_end": [load_start, round(os.getloadavg()[0], 2)],
+        "commit": _git_head(),
         "postgres": server_version,
         "fsync": fsync,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
