@@ -47,6 +47,32 @@ CLAIMABLE_STATES = ("pending", "retry")
 UNFINISHED_STATES = ("pending", "retry", "running")
 
 
+class LeaseFlag:
+    """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
+
+    __slots__ = ("_event",)
+    _create_lock = threading.Lock()
+
+    def __init__(self) -> None:
+        self._event: threading.Event | None = None
+
+    def _ensure(self) -> threading.Event:
+        if self._event is None:
+            with LeaseFlag._create_lock:
+                if self._event is None:
+                    self._event = threading.Event()
+        return self._event
+
+    def is_set(self) -> bool:
+        return self._event is not None and self._event.is_set()
+
+    def set(self) -> None:
+        self._ensure().set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self._ensure().wait(timeout)
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimedItem:
     """A work item held by the caller with `token` until `lease_until` (database clock)."""
@@ -65,7 +91,7 @@ class ClaimedItem:
     source_lane_key: str | None
     target_lane_key: str | None
     payload: Any = None
-    lease_lost: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    lease_lost: LeaseFlag = field(default_factory=LeaseFlag, compare=False, repr=False)
 
     @property
     def fence(self) -> tuple[int, int]:
