@@ -53,6 +53,8 @@ class DrainReport:
     reclaimed_retry: int = 0
     reclaimed_dead: int = 0
     claim_statements: int = 0
+    claim_s: float = 0.0  # time spent in claim statements (round trip included)
+    finalize_s: float = 0.0  # time spent in completion / failure statements
     elapsed_s: float = 0.0
     stopped: str = ""
 
@@ -63,7 +65,8 @@ class DrainReport:
     def as_dict(self) -> dict:
         data = asdict(self)
         data["items_per_s"] = round(self.items_per_s, 1)
-        data["elapsed_s"] = round(self.elapsed_s, 3)
+        for key in ("elapsed_s", "claim_s", "finalize_s"):
+            data[key] = round(data[key], 3)
         return data
 
 
@@ -216,6 +219,7 @@ def drain(
             by_outcome: dict[str, list[tuple[int, int]]] = {}
             for item, outcome in ok:
                 by_outcome.setdefault(outcome or "succeeded", []).append(item.fence)
+            started_finalize = time.perf_counter()
             for outcome, fences in by_outcome.items():
                 completed = claims.complete(conn, fences, outcome=outcome)
                 report.completed += len(completed)
@@ -236,6 +240,7 @@ def drain(
                 report.dead += sum(1 for s in states.values() if s == "dead")
                 report.retried += sum(1 for s in states.values() if s == "retry")
                 report.lost += len(failures) - len(states)
+            report.finalize_s += time.perf_counter() - started_finalize
             if heartbeat:
                 heartbeat.release([i.work_id for i, _, _ in done])
 
@@ -273,6 +278,7 @@ def drain(
                 if max_items is not None:
                     room = min(room, max_items - report.claimed)
                 if room > 0:
+                    started_claim = time.perf_counter()
                     claimed = claims.claim_batch(
                         conn,
                         owner=report.worker_id,
@@ -283,6 +289,7 @@ def drain(
                         registration_ids=registration_ids,
                         with_payload=with_payload and not fast,
                     )
+                    report.claim_s += time.perf_counter() - started_claim
                     report.claim_statements += 1
                     report.claimed += len(claimed)
 
