@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import sys
 import tempfile
@@ -131,7 +132,7 @@ def _admin_dsn(args, stack: list) -> str:
     os.chmod(root, 0o755)
     server = EmbeddedPostgres(root, settings=FAST_SETTINGS)
     info = server.start()
-    stack.append(server.stop)
+    stack.append(lambda: (server.stop(), shutil.rmtree(root, ignore_errors=True)))
     return info.dsn()
 
 
