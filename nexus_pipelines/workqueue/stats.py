@@ -26,12 +26,8 @@ SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease
 _OLDEST_DUE = """
 SELECT extract(epoch FROM now() - min(w.run_after))
   FROM workqueue_generations g
-  CROSS JOIN LATERAL (
-      SELECT run_after FROM connector_work_items w
-       WHERE w.registration_id = g.registration_id AND w.revision = g.revision
-         AND w.state IN ('pending', 'retry') AND w.run_after <= now()
-       ORDER BY w.queue_class, w.run_after LIMIT 1000) w
- WHERE g.status = 'active'
+  JOIN connector_work_items w ON w.registration_id = g.registration_id AND w.revision = g.revision
+ WHERE g.status = 'active' AND w.state IN ('pending', 'retry') AND w.run_after <= now()
 """
 
 _TOTALS = """

@@ -98,3 +98,24 @@ def test_router_sensor_skips_without_due_receipts(control_dsn):
     ) as ctx:
         result = sensor(ctx)
     assert isinstance(result, SkipReason) or list(result)
+
+
+def test_queue_health_reports_depth_leases_and_oldest_due(control_conn, reg):
+    from datetime import timedelta
+
+    from nexus_pipelines.workqueue import claims
+    from nexus_pipelines.workqueue.stats import due_work, queue_health
+
+    enqueue(control_conn, reg, items(3, queue_class="health-a") + items(2, queue_class="health-b"))
+    control_conn.execute(
+        "UPDATE connector_work_items SET run_after = now() - interval '90 seconds'"
+        " WHERE registration_id = %s AND queue_class = 'health-b'",
+        (reg,),
+    )
+    claims.claim_batch(control_conn, owner="w", limit=1, lease_ttl=timedelta(seconds=30), registration_ids=[reg],
+                       queue_classes=["health-a"])
+    health = queue_health(control_conn)
+    assert health["depth_by_queue_class"]["health-a"] == {"pending": 2, "running": 1}
+    assert health["depth_by_queue_class"]["health-b"] == {"pending": 2}
+    assert health["active_leases"] >= 1 and health["oldest_due_age_s"] >= 90
+    assert due_work(control_conn, ["health-a", "health-b", "none"]) == {"health-a": 2, "health-b": 2, "none": 0}
