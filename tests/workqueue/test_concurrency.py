@@ -252,12 +252,15 @@ def test_quiesce_racing_claimers_admits_no_claim_after_it_returns(control_dsn, r
     for t in threads:
         t.start()
     try:
-        time.sleep(0.3)
         with connect(control_dsn) as conn:
-            quiesce(conn, reg, 1, recorded_by="test")
             count = lambda: conn.execute(  # noqa: E731
                 "SELECT count(*) FROM connector_work_items WHERE registration_id = %s AND attempts > 0", (reg,)
             ).fetchone()[0]
+            for _ in range(500):  # quiesce while the claimers are busy
+                if count() > 0:
+                    break
+                time.sleep(0.02)
+            quiesce(conn, reg, 1, recorded_by="test")
             after_quiesce = count()
             time.sleep(0.3)
             assert count() == after_quiesce
