@@ -24,9 +24,16 @@ LOCAL_CONFIG = PROJECT_ROOT / "configs" / "jobs" / "month_end_arr.local.yaml"
 
 
 def run_demo(echo: Callable[[str], None]) -> int:
+    from nexus_pipelines.control.migrations import MigrationError
+    from nexus_pipelines.local.postgres import StackError
+
     started = time.monotonic()
     settings = load_settings()
-    info = LocalStack(settings).up()
+    try:
+        info = LocalStack(settings).up()
+    except (StackError, MigrationError) as exc:
+        echo(f"error: the local stack did not come up: {exc}")
+        return 1
     echo("local stack:")
     for line in info.lines():
         echo("  " + line)

@@ -31,7 +31,7 @@ class JobContext:
 class JobResult:
     status: RunStatus
     selected: int
-    unchanged: int
+    unchanged: int  # skipped rows: unchanged payloads, plus `deferred` retryable rows not yet due
     succeeded: int
     retryable_failed: int
     permanently_failed: int

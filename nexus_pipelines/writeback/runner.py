@@ -82,7 +82,8 @@ STAGE_CRM = "crm_calls"
 STAGE_LEDGER = "ledger_writes"
 STAGE_CLEANUP = "cleanup"
 
-PAGE_SIZE = 5000
+PAGE_SIZE = 5000  # validation pass: throughput
+WRITE_PAGE_SIZE = 1000  # write pass: one page is read and mapped within one CRM call
 
 
 class RunFailed(RuntimeError):
@@ -174,6 +175,7 @@ class Runner:
         conn: psycopg.Connection,
         crm_factory: Callable[[LoadedConfig], NexusCrmClient] = default_crm_factory,
         page_size: int = PAGE_SIZE,
+        write_page_size: int = WRITE_PAGE_SIZE,
         prefetch_pages: int = 2,
         log: logging.Logger | None = None,
     ) -> None:
@@ -185,6 +187,8 @@ class Runner:
         self.ledger = Ledger(conn, job_name, mapper.TARGET_OBJECT)
         self.crm_factory = crm_factory
         self.page_size = page_size
+        self.write_page_size = write_page_size
+        self._gate: _Gate | None = None
         self.prefetch_pages = prefetch_pages
         self.log = log or logger
         self.warehouse = WarehouseTimer()
@@ -224,12 +228,12 @@ class Runner:
                 yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
                 return
             self._last_renew = time.monotonic()
-        self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
-                              lease_token=self.lease.token if self.lease else None)
         status: str = "failed"
         error: str | None = None
         crm: NexusCrmClient | None = None
         try:
+            self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
+                                  lease_token=self.lease.token if self.lease else None)
             crm = yield from self._steps(context, counts)
             status = self._final_status(context, counts)
         except _CheckFailed as exc:
@@ -373,10 +377,15 @@ class Runner:
         ledger_s = 0.0
         written = 0
 
+        gate = self._gate = _Gate()
+
         def produce() -> Iterator[list[tuple[MappedRecord, RecordState | None]]]:
-            # Runs on the prefetch thread: read a page, map it again, read its states.
-            for page in iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
-                                             location=cfg.source.location, timer=self.warehouse):
+            # Runs on the prefetch thread: read a page, map it again, read its states. Each
+            # page starts only while a CRM call is in flight (or the writer is starved), so
+            # this thread's CPU work does not compete with the ledger commits.
+            pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.write_page_size,
+                                         location=cfg.source.location, timer=self.warehouse)
+            for page in _gated(pages, gate):
                 t = time.perf_counter()
                 mapped = [self.mapper.map_record(row) for row in page]
                 mapping_s[0] += time.perf_counter() - t
@@ -394,7 +403,7 @@ class Runner:
         batch: list[tuple[MappedRecord, RecordState | None]] = []
         with _reader_connection(self.ledger) as reader:
             self.ledger_reader = reader
-            for chosen in _prefetch(produce(), self.prefetch_pages):
+            for chosen in _prefetch(produce(), self.prefetch_pages, gate):
                 for item in chosen:
                     batch.append(item)
                     if len(batch) == size:
@@ -419,8 +428,14 @@ class Runner:
         number = counts.batches + 1
         batch_id = f"{context.run_id}:{number:06d}"
         started = time.perf_counter()
-        outcome = crm.upsert_batch(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD,
-                                   [m.payload for m, _ in batch])
+        if self._gate is not None:
+            self._gate.set(crm=True)
+        try:
+            outcome = crm.upsert_batch(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD,
+                                       [m.payload for m, _ in batch])
+        finally:
+            if self._gate is not None:
+                self._gate.set(crm=False)
         crm_seconds = time.perf_counter() - started
         outcomes: list[AttemptOutcome] = []
         b = BatchCounts(crm_calls=outcome.attempts)
@@ -583,10 +598,40 @@ def _search_path(conn: psycopg.Connection) -> str:
 _DONE = object()
 
 
-def _prefetch(source: Iterator[Any], depth: int) -> Iterator[Any]:
+class _Gate:
+    """Open while a CRM call is in flight or the consumer waits for data; the prefetch
+    thread starts each page only through an open gate."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._state = {"crm": False, "starving": False, "closed": False}
+
+    def set(self, **flags: bool) -> None:
+        with self._cv:
+            self._state.update(flags)
+            self._cv.notify_all()
+
+    def wait(self) -> None:
+        with self._cv:
+            self._cv.wait_for(lambda: any(self._state.values()))
+
+
+def _gated(source: Iterator[Any], gate: _Gate) -> Iterator[Any]:
+    while True:
+        gate.wait()
+        try:
+            item = next(source)
+        except StopIteration:
+            return
+        yield item
+
+
+def _prefetch(source: Iterator[Any], depth: int, gate: _Gate | None = None) -> Iterator[Any]:
     """Iterate `source` on a background thread, at most `depth` items ahead, so reading
     and mapping the next page overlaps the CRM call of the current batch."""
     if depth <= 0:
+        if gate is not None:
+            gate.set(starving=True)
         yield from source
         return
     items: queue.Queue = queue.Queue(maxsize=depth)
@@ -611,7 +656,11 @@ def _prefetch(source: Iterator[Any], depth: int) -> Iterator[Any]:
     thread.start()
     try:
         while True:
+            if gate is not None and items.empty():
+                gate.set(starving=True)
             ok, item = items.get()
+            if gate is not None:
+                gate.set(starving=False)
             if not ok:
                 raise item
             if item is _DONE:
@@ -619,6 +668,8 @@ def _prefetch(source: Iterator[Any], depth: int) -> Iterator[Any]:
             yield item
     finally:
         stop.set()
+        if gate is not None:
+            gate.set(closed=True)
         while thread.is_alive():
             try:
                 items.get(timeout=0.1)

@@ -147,9 +147,12 @@ def test_duplicate_and_null_source_keys_fail_closed(bq_client, make_runner, sim_
     source = seed(bq_client, rows=24)
     bq_client.query(f"INSERT INTO `{source}.month_end_arr` SELECT * FROM `{source}.month_end_arr` "
                     "WHERE month_start = DATE '2025-01-01'").result()
-    result = make_runner(make_config(source), sim_state, job_name=job()).run(context())
+    name = job()
+    result = make_runner(make_config(source), sim_state, job_name=name).run(context())
     assert result.status == "failed" and "2 duplicate external IDs" in result.error_message
     assert sim_state.calls().get("upsert", 0) == 0
+    # the candidate table existed (the check ran on it) and was deleted in cleanup
+    assert not [t for t in bq_client.list_tables("wb_control") if t.table_id.startswith(f"wb_candidates_{name}")]
 
 
 def test_malformed_response_leaves_every_record_retryable_and_replay_does_not_duplicate(bq_client, make_runner, sim_state):
@@ -235,3 +238,16 @@ def test_dry_run_writes_nothing(bq_client, make_runner, sim_state, control_conn)
     assert result.status == "dry_run" and result.exit_code == 0 and result.would_write == 30
     assert sim_state.calls().get("upsert", 0) == 0 and runner.ledger.record_rows() == []
     assert control_conn.execute("SELECT count(*) FROM leases WHERE lease_name = %s", (f"writeback:{name}",)).fetchone() == (0,)
+
+
+def test_source_rows_disappearing_never_delete_crm_records(bq_client, make_runner, sim_state):
+    source = seed(bq_client, rows=24)
+    name = job()
+    config = make_config(source)
+    assert make_runner(config, sim_state, job_name=name).run(context()).succeeded == 24
+    bq_client.query(f"DELETE FROM `{source}.month_end_arr` WHERE month_start > DATE '2025-06-01'").result()
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "succeeded" and result.selected == 12 and result.unchanged == 12
+    assert len(sim_state.records(OBJ)) == 24  # delete_policy: ignore
+    assert len(runner.ledger.record_rows()) == 24
