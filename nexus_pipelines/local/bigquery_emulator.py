@@ -10,10 +10,12 @@ local stack (a detached process that outlives the CLI).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -41,19 +43,30 @@ def _offline_settings(data_dir: Path, port: int):
 
 
 class InProcessEmulator:
-    """The emulator on a background thread of this process."""
+    """The emulator on a background thread (with its own event loop) of this process.
+
+    Written here rather than taken from `bqemulator.testing`, whose package imports
+    testcontainers (and so Docker's client) just to be imported.
+    """
 
     def __init__(self, data_dir: Path) -> None:
-        from bqemulator.testing._thread_runner import ThreadedEmulator
+        from bqemulator.server import EmulatorServer
 
-        self._runner = ThreadedEmulator(_offline_settings(data_dir, 0))
+        self._server = EmulatorServer(_offline_settings(data_dir, 0))
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bigquery-emulator", daemon=True)
 
-    def start(self) -> str:
-        self._runner.start()
-        return self._runner.server.rest_url
+    def start(self, timeout_s: float = 90.0) -> str:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(timeout_s)
+        return self._server.rest_url
 
     def stop(self) -> None:
-        self._runner.stop()
+        try:
+            asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop).result(30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(30)
 
 
 def is_serving(url: str) -> bool:
