@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {list(DRIVERS)}")
 
     summaries: dict[str, dict] = {}
+    commit = _git_head()
     load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: context for the numbers
     with postgres_server() as server_dsn:
         with __import__("psycopg").connect(server_dsn) as conn:
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cpus": os.cpu_count(),
         "loadavg_1m_start_end": [load_start, round(os.getloadavg()[0], 2)],
-        "commit": _git_head(),
+        "commit": commit,
         "postgres": server_version,
         "fsync": fsync,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
