@@ -359,8 +359,8 @@ class Runner:
         total_batches = math.ceil(counts.to_write / cfg.write.batch_size)
         yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
                        f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
-        if context.dry_run:
-            return crm
+        if context.dry_run or counts.to_write == 0:
+            return crm  # nothing to send: no second pass over the candidates
 
         # 7 + 8. state read and batched writes
         yield from self._write_pass(context, counts, crm, db_now, total_batches)
