@@ -349,7 +349,9 @@ class Runner:
         description = ("every row maps inside the declared ownership" if valid else
                        "; ".join(schema_problems) if schema_problems else
                        f"{error_count} rows fail mapping: " + "; ".join(errors[:3]))
-        yield self._stage(STAGE_VALIDATION, started, {"rows": counts.selected})
+        yield self._stage(STAGE_VALIDATION, started, {"rows": counts.selected, "to_write": counts.to_write,
+                                                      "unchanged": counts.unchanged, "deferred": counts.deferred,
+                                                      "rows_failing_mapping": error_count})
         yield CheckOutcome(CHECK_MAPPING, valid, description,
                            {"schema_problems": schema_problems, "rows_failing": error_count,
                             "first_errors": errors, "owned_fields": sorted(self.mapper.OWNED_FIELDS)})
