@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import psycopg  # noqa: E402
+
 from bench.peers.common import DRIVERS, driver, log, run_once, summarize  # noqa: E402
 
 
@@ -74,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     commit = _git_head()
     load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: context for the numbers
     with postgres_server() as server_dsn:
-        with __import__("psycopg").connect(server_dsn) as conn:
+        with psycopg.connect(server_dsn) as conn:
             server_version = conn.execute("SHOW server_version").fetchone()[0]
             fsync = conn.execute("SHOW fsync").fetchone()[0]
         # Round-robin over systems, so a noisy neighbour on a shared machine hits them alike.
