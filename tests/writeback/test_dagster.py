@@ -138,3 +138,21 @@ def test_definitions_lineage_and_paused_schedule():
     job = writeback_defs.get_job_def("writeback_month_end_arr_job")
     assert job.tags["nexus/writeback-job"] == "month_end_arr"
     assert AssetKey(["nexuscrm_control", "ledger_export"]) in graph.get_all_asset_keys()
+
+
+def test_ledger_export_and_retention_assets(control_dsn, bq_emulator_url, control_conn):
+    from nexus_pipelines.writeback.definitions import writeback_attempt_retention, writeback_ledger_export
+
+    dataset = f"ctl_{uuid.uuid4().hex[:6]}"
+    result = materialize(
+        [writeback_ledger_export, writeback_attempt_retention],
+        resources={"control_plane": ControlPlaneResource(dsn=control_dsn),
+                   "bigquery": BigQueryClientResource(project="nexus-test", location="US",
+                                                      emulator_url=bq_emulator_url)},
+        run_config={"ops": {"nexuscrm_control__ledger_export": {"config": {"dataset": dataset}}}},
+    )
+    assert result.success
+    meta = {e.asset_key: e.event_specific_data.materialization.metadata
+            for e in result.get_asset_materialization_events()}
+    exported = meta[AssetKey(["nexuscrm_control", "ledger_export"])]["outbound_records_rows"].value
+    assert exported == control_conn.execute("SELECT count(*) FROM outbound_records").fetchone()[0]

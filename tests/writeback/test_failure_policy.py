@@ -251,3 +251,17 @@ def test_source_rows_disappearing_never_delete_crm_records(bq_client, make_runne
     assert result.status == "succeeded" and result.selected == 12 and result.unchanged == 12
     assert len(sim_state.records(OBJ)) == 24  # delete_policy: ignore
     assert len(runner.ledger.record_rows()) == 24
+
+
+def test_ledger_failure_after_a_crm_request_stops_the_run(bq_client, make_runner, sim_state):
+    import psycopg
+
+    runner = make_runner(make_config(seed(bq_client), batch_size=10), sim_state, job_name=job())
+
+    def broken_commit(*args, **kwargs):
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    runner.ledger.commit_batch = broken_commit
+    result = runner.run(context())
+    assert result.status == "failed" and result.exit_code == 1 and "OperationalError" in result.error_message
+    assert sim_state.calls()["upsert"] == 1  # no next batch after the evidence could not be stored
