@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from nexus_pipelines.settings import PROJECT_ROOT
 
@@ -41,7 +41,14 @@ def _env_name(value: str) -> str:
     return value
 
 
+def _project_id(value: str) -> str:
+    if not _IDENT.match(value):
+        raise ValueError("not a project id")
+    return value
+
+
 EnvVarName = Annotated[str, Field(min_length=1)]
+ProjectId = Annotated[str, Field(min_length=1), AfterValidator(_project_id)]
 
 
 class _Strict(BaseModel):
@@ -49,7 +56,7 @@ class _Strict(BaseModel):
 
 
 class SourceConfig(_Strict):
-    project: str = Field(min_length=1)
+    project: ProjectId
     location: str = Field(min_length=1)
     sql_file: str = Field(min_length=1)
     readiness_sql_file: str = Field(min_length=1)
@@ -57,13 +64,6 @@ class SourceConfig(_Strict):
     # Values substituted for ${name} placeholders in both SQL files (dataset names and
     # the like; identifiers only, never data: data goes through query parameters).
     sql_vars: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("project")
-    @classmethod
-    def _project(cls, value: str) -> str:
-        if not _IDENT.match(value):
-            raise ValueError("not a project id")
-        return value
 
     @field_validator("sql_vars")
     @classmethod
@@ -88,15 +88,8 @@ class TargetConfig(_Strict):
 
 
 class StateConfig(_Strict):
-    project: str = Field(min_length=1)
+    project: ProjectId
     dataset: str = Field(min_length=1)
-
-    @field_validator("project")
-    @classmethod
-    def _project(cls, value: str) -> str:
-        if not _IDENT.match(value):
-            raise ValueError("not a project id")
-        return value
 
     @field_validator("dataset")
     @classmethod
