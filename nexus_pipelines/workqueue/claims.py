@@ -16,9 +16,13 @@ budget is spent), guarded by the token it saw.
 
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
-  claimable (an index probe on `connector_work_items_source_lane`), and the partial
-  unique index `connector_work_items_source_inflight` allows at most one running
-  item per lane.
+  claimable, and the partial unique index `connector_work_items_source_inflight`
+  allows at most one running item per lane. The head check is two index probes: no
+  lower pending / retry item of the lane (`connector_work_items_source_lane`, which
+  holds only pending and retry rows, so a claim adds no entry to it) and no running
+  item of the lane at all (`connector_work_items_source_inflight`). A running item
+  of the lane is its head (or a replayed item's successor), so this is the "lowest
+  unfinished" rule, and it never picks an item the unique index would reject.
 * Target mutation lane: at most one running item per lane, enforced by the partial
   unique index `connector_work_items_target_inflight`; the claim skips lanes with a
   running item and takes at most one candidate per lane.
@@ -138,13 +142,19 @@ cand AS (
            -- Lane probes. The OR keeps each probe a subplan (a flattened anti-join would
            -- read every candidate before the LIMIT); the IS NOT NULL terms let the probes
            -- use the partial lane indexes.
-           AND (w.source_lane_key IS NULL OR NOT EXISTS (
+           AND (w.source_lane_key IS NULL OR (NOT EXISTS (
                 SELECT 1 FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
                    AND h.source_lane_key IS NOT NULL
                    AND h.work_id < w.work_id
-                   AND h.state IN ('pending', 'retry', 'running')))
+                   AND h.state IN ('pending', 'retry'))
+               AND NOT EXISTS (
+                SELECT 1 FROM connector_work_items r
+                 WHERE r.registration_id = w.registration_id
+                   AND r.source_lane_key = w.source_lane_key
+                   AND r.source_lane_key IS NOT NULL
+                   AND r.state = 'running')))
            AND (w.target_lane_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM connector_work_items t
                  WHERE t.registration_id = w.registration_id
