@@ -346,7 +346,7 @@ _RECLAIM = """
 WITH expired AS (
     SELECT work_id, lease_token
       FROM connector_work_items
-     WHERE state = 'running' AND lease_until <= now()
+     WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until <= now()  -- the lease index
      ORDER BY lease_until
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED

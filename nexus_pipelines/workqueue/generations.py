@@ -76,7 +76,8 @@ def _lease_counts(conn: Connection, registration_id: str, revision: int) -> tupl
     active, expired = conn.execute(
         """SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
              FROM connector_work_items
-            WHERE state = 'running' AND lease_until IS NOT NULL AND registration_id = %s AND revision = %s""",
+            WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
+              AND registration_id = %s AND revision = %s""",
         (registration_id, revision),
     ).fetchone()
     return active, expired

@@ -20,7 +20,7 @@ SELECT state, queue_class, count(*)
 
 _LEASES = """
 SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
-  FROM connector_work_items WHERE state = 'running' AND lease_until IS NOT NULL
+  FROM connector_work_items WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
 """
 
 _OLDEST_DUE = """
@@ -102,7 +102,7 @@ def due_work(conn: Connection, queue_classes: Sequence[str] | None = None, *, ca
 
 def expired_leases(conn: Connection) -> int:
     (count,) = conn.execute(
-        "SELECT count(*) FROM connector_work_items WHERE state = 'running' AND lease_until <= now()"
+        "SELECT count(*) FROM connector_work_items WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until <= now()"
     ).fetchone()
     return count
 
