@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 
 import psycopg
@@ -92,3 +93,56 @@ def test_claim_on_the_big_queue_returns_lane_heads(big_queue):
     assert len({i.source_lane_key for i in got}) == 100
     targets = [i.target_lane_key for i in got if i.target_lane_key]
     assert len(targets) == len(set(targets))
+
+
+def _generic_plan_scans(conn, sql: str, params: dict, types: dict) -> set[tuple]:
+    """Scans of the generic plan of `sql` prepared server-side (what a prepared hot path runs)."""
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+    text = sql
+    for n, name in enumerate(names, 1):
+        text = text.replace(f"%({name})s", f"${n}")
+    conn.execute("SET plan_cache_mode = force_generic_plan")
+    try:
+        conn.execute(f"PREPARE hot_path ({', '.join(types[name] for name in names)}) AS {text}")
+        cur = psycopg.ClientCursor(conn)
+        placeholders = ", ".join("%s" for _ in names)
+        with conn.transaction():
+            cur.execute(f"EXPLAIN (FORMAT JSON) EXECUTE hot_path ({placeholders})", [params[name] for name in names])
+            plan = cur.fetchone()[0]
+            raise psycopg.Rollback()
+    finally:
+        conn.execute("DEALLOCATE ALL")
+        conn.execute("RESET plan_cache_mode")
+    return {(node["Node Type"], node.get("Relation Name"), node.get("Index Name")) for node in _nodes(plan)}
+
+
+@pytest.mark.parametrize("statement", ["_COMPLETE", "_RENEW", "_FAIL"])
+def test_fenced_hot_paths_are_driven_by_the_primary_key(big_queue, statement):
+    # With 1,000 running items, a plan driven by the lease index would scan every running
+    # row and probe the fence list once per row; the fences must drive primary-key probes.
+    from nexus_pipelines.workqueue import claims
+
+    sql = getattr(claims, statement)
+    ids, tokens = zip(*big_queue.execute(
+        "SELECT work_id, lease_token FROM connector_work_items WHERE registration_id = 'big' AND state = 'running'"
+        " ORDER BY work_id LIMIT 100"
+    ).fetchall())
+    params = {
+        "ids": list(ids), "tokens": list(tokens), "ttl": timedelta(seconds=30), "outcome": "succeeded",
+        "classes": ["e"] * 100, "summaries": ["s"] * 100, "delays": [1.0] * 100, "terminal": [False] * 100,
+    }
+    types = {"ids": "bigint[]", "tokens": "bigint[]", "ttl": "interval", "outcome": "text", "classes": "text[]",
+             "summaries": "text[]", "delays": "float8[]", "terminal": "boolean[]"}
+    scans = _generic_plan_scans(big_queue, sql, params, types)
+    on_items = {s for s in scans if s[1] == "connector_work_items" and s[0] != "ModifyTable"}
+    assert on_items and all(s[2] == "connector_work_items_pkey" for s in on_items), scans
+
+
+def test_reclaim_and_lease_counts_use_the_lease_index(big_queue):
+    from nexus_pipelines.workqueue import claims
+
+    scans = _generic_plan_scans(
+        big_queue, claims._RECLAIM, {"limit": 500, "base": 1.0, "cap": 60.0, "jitter": 0.1},
+        {"limit": "bigint", "base": "float8", "cap": "float8", "jitter": "float8"},
+    )
+    assert ("Index Scan", "connector_work_items", "connector_work_items_leases") in scans, scans
