@@ -95,7 +95,7 @@ def due_work(conn: Connection, queue_classes: Sequence[str] | None = None, *, ca
     classes = list(queue_classes) if queue_classes is not None else [r[0] for r in conn.execute(_CLASSES)]
     counts = {}
     for cls in classes:
-        (count,) = conn.execute(_DUE, {"cls": cls, "cap": cap}).fetchone()
+        (count,) = conn.execute(_DUE, {"cls": cls, "cap": cap}, prepare=True).fetchone()  # a polled probe
         counts[cls] = count
     return counts
 
