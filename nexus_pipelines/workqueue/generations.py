@@ -61,6 +61,15 @@ def _lock_registration(conn: Connection, registration_id: str) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('workqueue-generation:' || %s, 0))", (registration_id,))
 
 
+def _lock_generation(conn: Connection, registration_id: str, revision: int) -> tuple[str] | None:
+    """Serialize with every gate change of the registration; the generation's (status,) or None."""
+    _lock_registration(conn, registration_id)
+    return conn.execute(
+        "SELECT status FROM workqueue_generations WHERE registration_id = %s AND revision = %s FOR UPDATE",
+        (registration_id, revision),
+    ).fetchone()
+
+
 def _write_receipt(
     conn: Connection, registration_id: str, revision: int, kind: str, recorded_by: str, proof: dict[str, Any]
 ) -> GenerationReceipt:
@@ -164,11 +173,7 @@ def activate(
 def quiesce(conn: Connection, registration_id: str, revision: int, *, recorded_by: str) -> DrainStatus:
     """Stop new claims for the generation; returns its lease counts (drained when both are zero)."""
     with conn.transaction():
-        _lock_registration(conn, registration_id)
-        row = conn.execute(
-            "SELECT status FROM workqueue_generations WHERE registration_id = %s AND revision = %s FOR UPDATE",
-            (registration_id, revision),
-        ).fetchone()
+        row = _lock_generation(conn, registration_id, revision)
         if row is None:
             raise GenerationGateError(f"generation {registration_id}@{revision} was never activated")
         status = row[0]
@@ -197,11 +202,7 @@ def drain_status(conn: Connection, registration_id: str, revision: int) -> Drain
 def record_drained(conn: Connection, registration_id: str, revision: int, *, recorded_by: str) -> GenerationReceipt:
     """Write the drain proof of a quiescing generation (zero leases); raises while leases remain."""
     with conn.transaction():
-        _lock_registration(conn, registration_id)
-        row = conn.execute(
-            "SELECT status FROM workqueue_generations WHERE registration_id = %s AND revision = %s FOR UPDATE",
-            (registration_id, revision),
-        ).fetchone()
+        row = _lock_generation(conn, registration_id, revision)
         if row is None or row[0] not in ("quiescing", "quiesced"):
             raise GenerationGateError(
                 f"generation {registration_id}@{revision} is {row[0] if row else 'unknown'!r}; quiesce it first"
