@@ -11,10 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
+
 from nexus_pipelines.control.migrations import apply_migrations
 from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
 from nexus_pipelines.local.dagster_home import write_local_home
-from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database
+from nexus_pipelines.local.postgres import EmbeddedPostgres, StackError, ensure_database
 from nexus_pipelines.settings import NexusSettings
 
 DATABASE = "nexus"
@@ -40,6 +42,12 @@ class StackInfo:
         ]
 
 
+def _safe_target(dsn: str) -> str:
+    """host:port/dbname of a DSN, without its user or password."""
+    params = psycopg.conninfo.conninfo_to_dict(dsn)
+    return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
+
+
 class LocalStack:
     def __init__(self, settings: NexusSettings) -> None:
         self.settings = settings
@@ -57,7 +65,12 @@ class LocalStack:
             dsn = server.dsn(DATABASE)
         else:
             dsn = self.settings.pg_dsn
-        applied = apply_migrations(dsn)
+        try:
+            applied = apply_migrations(dsn)
+        except psycopg.OperationalError as exc:
+            where = "the embedded server" if embedded else f"NEXUS_PG_DSN ({_safe_target(dsn)})"
+            raise StackError(f"cannot connect to {where}: {str(exc).strip().splitlines()[-1]}; "
+                             "check that the server runs and the DSN is right") from exc
         bq_url = self.emulator.start()
         write_local_home(self.dagster_home, dsn)
         self._write_env(dsn, bq_url)

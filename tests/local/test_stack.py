@@ -57,3 +57,17 @@ def test_the_bigquery_client_works_against_the_emulator(bq_client, bq_dataset):
     assert bq_client.query(f"SELECT count(*) AS n FROM {table}").result().to_dataframe(
         create_bqstorage_client=False
     )["n"][0] == 3
+
+
+def test_an_unreachable_control_plane_is_one_clear_line_without_the_password(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    dsn = "postgresql://ops:hunter2-secret@127.0.0.1:1/control?connect_timeout=2"
+    monkeypatch.setenv("NEXUS_PG_DSN", dsn)
+    monkeypatch.setenv("NEXUS_LOCAL_DIR", str(tmp_path))
+    result = CliRunner().invoke(main, ["local", "up"])
+    assert result.exit_code == 1
+    assert "cannot connect to NEXUS_PG_DSN (127.0.0.1:1/control)" in result.output
+    assert "hunter2" not in result.output and "Traceback" not in result.output
