@@ -14,12 +14,12 @@ _REDACTIONS: list[tuple[re.Pattern[str], str]] = [
     # Authorization headers and bearer/basic tokens
     (re.compile(r"(?i)\b(authorization\s*[:=]\s*)(\S+\s+)?\S+"), r"\1[redacted]"),
     (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
-    # key=value / key: value pairs whose key looks secret
+    # key=value / key: value pairs whose key looks secret (quoted with " or ', as in a dict repr)
     (
         re.compile(
             r"(?i)\b([a-z0-9_-]*(?:password|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
             r"private[_-]?key|client[_-]?secret|session|cookie|signature|credential)[a-z0-9_-]*)"
-            r"(\"?\s*[:=]\s*\"?)([^\s\"',;&}]+)"
+            r"([\"']?\s*[:=]\s*[\"']?)([^\s\"',;&}]+)"
         ),
         r"\1\2[redacted]",
     ),

@@ -26,3 +26,18 @@ def test_backoff_grows_then_caps():
 def test_invalid_policies_are_refused(kwargs):
     with pytest.raises(ValueError):
         RetryPolicy(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "text, secrets",
+    [
+        ("KeyError: {'password': 'hunter2', 'api_key': 'sk1234'}", ["hunter2", "sk1234"]),
+        ("bad request api_key='abc123' token='zzz9'", ["abc123", "zzz9"]),
+        ('{"client_secret": "s3cr3t"}', ["s3cr3t"]),
+    ],
+)
+def test_sanitize_redacts_quoted_secret_values(text, secrets):
+    from nexus_pipelines.workqueue.retry import sanitize_summary
+
+    cleaned = sanitize_summary(text)
+    assert all(secret not in cleaned for secret in secrets), cleaned
