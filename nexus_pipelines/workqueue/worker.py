@@ -91,7 +91,7 @@ class _Heartbeat(threading.Thread):
         self._held: dict[int, ClaimedItem] = {}
         self._lock = threading.Lock()
         self._halt = threading.Event()
-        self.lost: set[int] = set()
+        self.lost: set[tuple[int, int]] = set()  # fences (work_id, token) whose lease was lost
         # held while renewing and while the drain finalizes, so the two never contend
         self.db_lock = threading.Lock()
         self.error: BaseException | None = None
@@ -101,10 +101,13 @@ class _Heartbeat(threading.Thread):
             for item in items:
                 self._held[item.work_id] = item
 
-    def release(self, work_ids: Sequence[int]) -> None:
+    def release(self, items: Sequence[ClaimedItem]) -> None:
+        # only the claim that was finalized: the same work item may be held again under a
+        # newer token (lost, reclaimed and claimed again by this drain)
         with self._lock:
-            for work_id in work_ids:
-                self._held.pop(work_id, None)
+            for item in items:
+                if self._held.get(item.work_id) is item:
+                    del self._held[item.work_id]
 
     def stop(self) -> None:
         self._halt.set()
@@ -123,8 +126,9 @@ class _Heartbeat(threading.Thread):
                             if item.work_id not in renewed:
                                 item.lease_lost.set()
                                 with self._lock:
-                                    self.lost.add(item.work_id)
-                                    self._held.pop(item.work_id, None)
+                                    self.lost.add(item.fence)
+                                    if self._held.get(item.work_id) is item:
+                                        del self._held[item.work_id]
         except BaseException as exc:  # noqa: BLE001 - surfaced by the drain loop
             self.error = exc
             with self._lock:
@@ -185,7 +189,7 @@ def drain(
     fast = registry.all_noop
     work_types = registry.work_types
     results: queue.SimpleQueue = queue.SimpleQueue()
-    inflight: dict[int, ClaimedItem] = {}
+    inflight: dict[tuple[int, int], ClaimedItem] = {}  # by fence: a work item can come back under a new token
     per_item_s: float | None = None  # moving average handler time per item
 
     with ExitStack() as stack:
@@ -213,8 +217,8 @@ def drain(
 
         def _finalize(done: list[tuple[ClaimedItem, str | None, BaseException | None]]) -> None:
             lost = heartbeat.lost if heartbeat else set()
-            ok = [(i, o) for i, o, e in done if e is None and i.work_id not in lost and not i.lease_lost.is_set()]
-            failed = [(i, e) for i, _, e in done if e is not None and i.work_id not in lost and not i.lease_lost.is_set()]
+            ok = [(i, o) for i, o, e in done if e is None and i.fence not in lost and not i.lease_lost.is_set()]
+            failed = [(i, e) for i, _, e in done if e is not None and i.fence not in lost and not i.lease_lost.is_set()]
             report.lost += len(done) - len(ok) - len(failed)
             by_outcome: dict[str, list[tuple[int, int]]] = {}
             for item, outcome in ok:
@@ -242,7 +246,8 @@ def drain(
                 report.lost += len(failures) - len(states)
             report.finalize_s += time.perf_counter() - started_finalize
             if heartbeat:
-                heartbeat.release([i.work_id for i, _, _ in done])
+                heartbeat.release([i for i, _, _ in done])
+                lost.difference_update(i.fence for i, _, _ in done)
 
         reclaim()
         last_reclaim = time.monotonic()
@@ -301,7 +306,7 @@ def drain(
                 if claimed:
                     heartbeat.hold(claimed)
                     for item in claimed:
-                        inflight[item.work_id] = item
+                        inflight[item.fence] = item
                     size = 1 if per_item_s is None else max(1, min(len(claimed), int(_CHUNK_TARGET_S / max(per_item_s, 1e-7))))
                     for start in range(0, len(claimed), size):
                         pool.submit(_run_chunk, registry, claimed[start : start + size]).add_done_callback(
@@ -325,7 +330,7 @@ def drain(
                         per_item_s = chunk_per_item if per_item_s is None else 0.8 * per_item_s + 0.2 * chunk_per_item
                     if done:
                         for item, _, _ in done:
-                            inflight.pop(item.work_id, None)
+                            inflight.pop(item.fence, None)
                         finalize(done)
                     continue
 

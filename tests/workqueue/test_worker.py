@@ -97,3 +97,35 @@ def test_time_budget_stops_claiming(control_conn, control_dsn, reg):
     )
     assert report.stopped == "time_budget" and 0 < report.completed < 50 and report.lost == 0
     assert states(control_conn, reg).get("running", 0) == 0
+
+
+def test_item_reclaimed_and_reclaimed_again_by_the_same_drain_after_a_lost_lease_is_finalized(
+    control_conn, control_dsn, reg
+):
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.workqueue import claims
+
+    enqueue(control_conn, reg, items(1, "once"))
+    calls = []
+
+    def once(item):
+        calls.append(item.token)
+        if len(calls) == 1:
+            # the lease runs out (a pause); the heartbeat notices, another worker reclaims it
+            with connect(control_dsn) as other:
+                other.execute(
+                    "UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE work_id = %s",
+                    (item.work_id,),
+                )
+                assert item.lease_lost.wait(10)
+                claims.reclaim_expired(other, policy=FAST)
+            return "stale"
+        return "done"
+
+    report = drain(
+        control_dsn, HandlerRegistry({"once": once}), registration_ids=[reg], lease_ttl_s=0.6, time_budget_s=20,
+        retry_policy=FAST,
+    )
+    assert len(calls) == 2 and calls[1] > calls[0]
+    assert report.lost == 1 and report.completed == 1
+    assert states(control_conn, reg) == {"completed": 1}
