@@ -406,6 +406,7 @@ class Runner:
         with _reader_connection(self.ledger) as reader:
             self.ledger_reader = reader
             for chosen in _prefetch(produce(), self.prefetch_pages, gate):
+                self._heartbeat()  # pages with nothing to send must not let the lease lapse
                 for item in chosen:
                     batch.append(item)
                     if len(batch) == size:

@@ -1,0 +1,51 @@
+"""Regression tests for defects found in review (real Postgres, emulator, simulator)."""
+
+from __future__ import annotations
+
+import time
+import types
+import uuid
+
+from nexus_pipelines.writeback import runner as runner_module
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
+
+from .conftest import context, make_config
+
+
+def _seed(bq_client, rows: int) -> str:
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, rows)
+    return dataset
+
+
+def _job() -> str:
+    return f"mea_{uuid.uuid4().hex[:8]}"
+
+
+def test_write_pass_renews_the_lease_while_pages_have_nothing_to_send(bq_client, make_runner, sim_state,
+                                                                     monkeypatch):
+    source, name = _seed(bq_client, 30), _job()
+    config = make_config(source, batch_size=10)
+    first = make_runner(config, sim_state, job_name=name)
+    assert first.run(context()).succeeded == 30
+    # Only the last row (in external-ID order) changed: the write pass reads 29 pages
+    # with nothing to send before its only batch.
+    first.ledger.conn.execute(
+        "UPDATE outbound_records SET payload_hash = 'changed' WHERE job_name = %s AND external_id = "
+        "(SELECT max(external_id) FROM outbound_records WHERE job_name = %s)", (name, name))
+
+    clock = [0.0]
+
+    def monotonic() -> float:  # every reading is a quarter TTL and more after the last one
+        clock[0] += 1000.0
+        return clock[0]
+
+    monkeypatch.setattr(runner_module, "time", types.SimpleNamespace(
+        monotonic=monotonic, perf_counter=time.perf_counter, sleep=time.sleep))
+    runner = make_runner(config, sim_state, job_name=name, write_page_size=1)
+    renewals = []
+    renew = runner.ledger.renew_lease
+    runner.ledger.renew_lease = lambda lease, ttl: renewals.append(1) or renew(lease, ttl)
+    result = runner.run(context())
+    assert result.status == "succeeded" and result.succeeded == 1 and result.batches == 1
+    assert len(renewals) >= 30  # once per page read in the write pass, not only before a batch
