@@ -457,7 +457,7 @@ class Runner:
                 status = "retryable_failed"
                 retry += 1
                 delay = outcome.retry_after_s if outcome.retry_after_s is not None else min(
-                    cfg.max_backoff_seconds, cfg.base_backoff_seconds * 2 ** (attempt - 1))
+                    cfg.max_backoff_seconds, cfg.base_backoff_seconds * 2 ** min(attempt - 1, 32))
             else:
                 status = "permanent_failed"
                 perm += 1

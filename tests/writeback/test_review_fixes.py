@@ -49,3 +49,24 @@ def test_write_pass_renews_the_lease_while_pages_have_nothing_to_send(bq_client,
     result = runner.run(context())
     assert result.status == "succeeded" and result.succeeded == 1 and result.batches == 1
     assert len(renewals) >= 30  # once per page read in the write pass, not only before a batch
+
+
+def test_retry_backoff_of_a_long_failing_record_does_not_overflow(bq_client, make_runner, sim_state):
+    from nexus_pipelines.local.simulators.nexuscrm import Fault
+
+    source, name = _seed(bq_client, 10), _job()
+    config = make_config(source, batch_size=10, max_attempts=1)
+    sim_state.faults.push(Fault.status(500))
+    first = make_runner(config, sim_state, job_name=name)
+    assert first.run(context()).retryable_failed == 10
+    # A record that has stayed retryable for its current payload over many runs.
+    first.ledger.conn.execute(
+        "UPDATE outbound_records SET attempt_count = 5000, next_retry_at = clock_timestamp() - interval '1 minute' "
+        "WHERE job_name = %s", (name,))
+    sim_state.faults.push(Fault.status(500))
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "completed_with_errors" and result.retryable_failed == 10
+    rows = runner.ledger.record_rows()
+    assert {r["attempt_count"] for r in rows} == {5001}
+    assert all(r["status"] == "retryable_failed" and r["next_retry_at"] is not None for r in rows)
