@@ -107,3 +107,32 @@ def test_generation_receipts_are_immutable(control_conn, reg):
         control_conn.execute(
             "UPDATE workqueue_generation_receipts SET recorded_by = 'x' WHERE registration_id = %s", (reg,)
         )
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM workqueue_generation_receipts WHERE registration_id = %(reg)s",
+        "DELETE FROM connector_outbox_events WHERE registration_id = %(reg)s"
+        " AND NOT EXISTS (SELECT 1 FROM connector_work_items w WHERE w.event_id = connector_outbox_events.event_id)",
+        "TRUNCATE workqueue_generation_receipts",
+    ],
+)
+def test_generation_receipts_and_events_cannot_be_deleted(control_conn, reg, statement):
+    import psycopg
+
+    enqueue(control_conn, reg, items(1))
+    # an event without work items (so no foreign key stands in the way of its delete)
+    control_conn.execute(
+        """INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id, route_version,
+                                                source_kind, source_id, idempotency_key, delivery_seq, payload_hash)
+           SELECT receipt_id, registration_id, revision, 'bulk', 1, 'k', 'i', 'no-work', 0, 'h'
+             FROM connector_outbox_events WHERE registration_id = %s LIMIT 1""",
+        (reg,),
+    )
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation):
+        control_conn.execute(statement, {"reg": reg})
+    (receipts,) = control_conn.execute(
+        "SELECT count(*) FROM workqueue_generation_receipts WHERE registration_id = %s", (reg,)
+    ).fetchone()
+    assert receipts == 1
