@@ -114,6 +114,10 @@ class Failure:
     terminal: bool = False
 
 
+class LaneRaceLost(list):
+    """The (empty) result of a claim that lost a lane race: due work may remain, claim again."""
+
+
 @dataclass(frozen=True)
 class ReclaimReport:
     retried: int
@@ -226,8 +230,9 @@ def claim_batch(
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active generations in one statement.
 
-    Returns [] when a concurrent claimer won a lane race (the partial unique lane
-    indexes rejected the statement); the caller simply claims again. `scan_factor`
+    Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
+    partial unique lane indexes rejected the statement); the caller simply claims
+    again (it is not a sign of an idle queue). `scan_factor`
     times `limit` candidates are locked, of which at most `limit` are taken.
     """
     if limit <= 0:
@@ -252,7 +257,7 @@ def claim_batch(
     except (errors.UniqueViolation, errors.DeadlockDetected):
         # a concurrent claim won a lane race the try-locks could not see (it committed
         # between this statement's snapshot and its index insert): claim again
-        return []
+        return LaneRaceLost()
     return [
         ClaimedItem(
             work_id=r[0],

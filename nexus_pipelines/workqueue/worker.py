@@ -337,6 +337,8 @@ def drain(
             # nothing in flight
             if stopping:
                 break
+            if isinstance(claimed, claims.LaneRaceLost):
+                continue  # a concurrent claim won a lane: claim again, the queue is not idle
             if not claimed:
                 if idle_exit:
                     stopping = "idle"

@@ -129,3 +129,28 @@ def test_item_reclaimed_and_reclaimed_again_by_the_same_drain_after_a_lost_lease
     assert len(calls) == 2 and calls[1] > calls[0]
     assert report.lost == 1 and report.completed == 1
     assert states(control_conn, reg) == {"completed": 1}
+
+
+def test_a_claim_that_lost_a_lane_race_does_not_end_the_drain_as_idle(control_conn, control_dsn, reg, monkeypatch):
+    import psycopg
+
+    from nexus_pipelines.workqueue import claims
+
+    enqueue(control_conn, reg, items(3, "r", target_lane_key="hot"))
+    real = claims.claim_batch
+    calls = []
+
+    class RacingConnection:
+        """The claim statement hits the in-flight unique index (a concurrent claim won the lane)."""
+
+        def execute(self, *args, **kwargs):
+            raise psycopg.errors.UniqueViolation("duplicate key value violates unique constraint")
+
+    def racing_claim_batch(conn, **kwargs):
+        calls.append(1)
+        return real(RacingConnection() if len(calls) == 1 else conn, **kwargs)
+
+    monkeypatch.setattr(claims, "claim_batch", racing_claim_batch)
+    report = drain(control_dsn, HandlerRegistry({"r": lambda item: "done"}), registration_ids=[reg], time_budget_s=20)
+    assert report.completed == 3 and report.stopped == "idle"
+    assert states(control_conn, reg) == {"completed": 3}
