@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any, ClassVar
 
 from nexus_pipelines.writeback.hashing import canonical_value, canonical_payload_hash
@@ -221,7 +221,9 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
     if not isinstance(value, Decimal) or not value.is_finite():
         raise MappingError(None, field, "expected a finite decimal")
     quantum = Decimal(1).scaleb(-scale)
-    quantized = value.quantize(quantum)
+    with localcontext() as ctx:  # enough digits to quantize any finite value exactly
+        ctx.prec = max(ctx.prec, value.adjusted() + scale + 2)
+        quantized = value.quantize(quantum)
     if quantized != value:
         raise MappingError(None, field, f"has more than {scale} decimal places; refusing to round")
     digits = len(quantized.as_tuple().digits)

@@ -70,3 +70,18 @@ def test_retry_backoff_of_a_long_failing_record_does_not_overflow(bq_client, mak
     rows = runner.ledger.record_rows()
     assert {r["attempt_count"] for r in rows} == {5001}
     assert all(r["status"] == "retryable_failed" and r["next_retry_at"] is not None for r in rows)
+
+
+def test_a_decimal_beyond_the_default_context_precision_is_a_mapping_error():
+    from decimal import Decimal
+
+    import pytest
+
+    from nexus_pipelines.writeback.mapping import MappingError, exact_decimal
+
+    # A NUMERIC with 27 integer digits: quantizing it to 2 places needs 29 significant digits.
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("9" * 27), "ARR_Amount__c", precision=16, scale=2)
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("1E+40"), "ARR_Amount__c", precision=16, scale=2)
+    assert exact_decimal(Decimal("12.5"), "ARR_Amount__c", precision=16, scale=2) == Decimal("12.50")
