@@ -147,10 +147,10 @@ def activate(
                 )
             others[str(other)] = {"status": status, "leases": 0}
         receipt_proof = {
+            **dict(proof or {}),  # the caller's extra evidence never replaces the verified gate proof
             "claim_schema": CLAIM_SCHEMA,
             "route_versions": {k: int(v) for k, v in route_versions.items()},
             "other_revisions": others,
-            **dict(proof or {}),
         }
         receipt = _write_receipt(conn, registration_id, revision, "activation", recorded_by, receipt_proof)
         conn.execute(

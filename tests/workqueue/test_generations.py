@@ -136,3 +136,27 @@ def test_generation_receipts_and_events_cannot_be_deleted(control_conn, reg, sta
         "SELECT count(*) FROM workqueue_generation_receipts WHERE registration_id = %s", (reg,)
     ).fetchone()
     assert receipts == 1
+
+
+def test_caller_proof_cannot_override_the_verified_activation_proof(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    quiesce(control_conn, reg, 1, recorded_by="op")
+    control_conn.execute(
+        "UPDATE connector_work_items SET state = 'completed', lease_until = NULL WHERE registration_id = %s", (reg,)
+    )
+    record_drained(control_conn, reg, 1, recorded_by="op")
+    receipt = activate(
+        control_conn, reg, 2, recorded_by="op", route_versions={"bulk": 2},
+        proof={"ticket": "OPS-1", "claim_schema": "forged", "other_revisions": {}, "route_versions": {"bulk": 9}},
+    )
+    proof = control_conn.execute(
+        "SELECT proof FROM workqueue_generation_receipts WHERE receipt_id = %s", (receipt.receipt_id,)
+    ).fetchone()[0]
+    assert proof["ticket"] == "OPS-1"
+    assert proof["claim_schema"] != "forged"
+    assert proof["other_revisions"] == {"1": {"status": "quiesced", "leases": 0}}
+    assert proof["route_versions"] == {"bulk": 2}
+    (bound,) = control_conn.execute(
+        "SELECT route_versions FROM workqueue_generations WHERE registration_id = %s AND revision = 2", (reg,)
+    ).fetchone()
+    assert bound == {"bulk": 2}
