@@ -192,6 +192,7 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
         "retryable_failed": MetadataValue.int(result.retryable_failed),
         "permanently_failed": MetadataValue.int(result.permanently_failed),
         "new_permanent_failures": MetadataValue.int(result.new_permanent_failures),
+        "blocking_failures": MetadataValue.int(result.blocking_failures),
         "deferred": MetadataValue.int(result.deferred),
         "batches": MetadataValue.int(result.batches),
         "crm_calls": MetadataValue.int(result.crm_calls),

@@ -15,7 +15,7 @@ from nexus_pipelines.writeback.resources import NexusCrmWritebackResource
 from nexus_pipelines.writeback.schedules import CONCURRENCY_TAG
 
 COUNT_KEYS = ("selected", "unchanged", "succeeded", "retryable_failed", "permanently_failed",
-              "new_permanent_failures", "deferred", "batches", "crm_calls", "would_write")
+              "new_permanent_failures", "blocking_failures", "deferred", "batches", "crm_calls", "would_write")
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,8 @@ def run_in_process(job_name: str, config_path: str | None, *, resources: dict[st
         meta = crm[0].metadata
         counts = {k: int(meta[k].value) for k in COUNT_KEYS if k in meta}
         status = str(meta["status"].value)
-        bad = counts.get("retryable_failed", 0) + counts.get("deferred", 0) + counts.get("new_permanent_failures", 0)
+        bad = sum(counts.get(k, 0) for k in ("retryable_failed", "deferred", "new_permanent_failures",
+                                             "blocking_failures"))
         code = EXIT_RECORD_ERRORS if status == "completed_with_errors" and bad else EXIT_OK
         error = "another run holds the job lease" if status == "skipped_already_running" else None
         return InProcessOutcome(job_name, ledger_run_id, result.run_id, status, code, counts, error)

@@ -85,3 +85,35 @@ def test_a_decimal_beyond_the_default_context_precision_is_a_mapping_error():
     with pytest.raises(MappingError, match="exceeds precision 16"):
         exact_decimal(Decimal("1E+40"), "ARR_Amount__c", precision=16, scale=2)
     assert exact_decimal(Decimal("12.5"), "ARR_Amount__c", precision=16, scale=2) == Decimal("12.50")
+
+
+def test_run_job_exit_code_follows_the_contract_for_blocking_failures(tmp_path, control_dsn, bq_emulator_url,
+                                                                       bq_client):
+    """A forced replay that hits the CRM unique conflict again reports it as blocking:
+    the in-process `run-job` exit code agrees with JobResult.exit_code (section 11)."""
+    from nexus_pipelines.local.simulators.nexuscrm import FieldSpec, NexusCrmState
+    from nexus_pipelines.writeback.execute import run_in_process
+    from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
+
+    from .test_dagster import SimCrm, write_config
+
+    from nexus_pipelines.control.resources import ControlPlaneResource
+    from nexus_pipelines.integrations.resources import BigQueryClientResource
+
+    state = NexusCrmState()
+    state.define_object("Month_End_ARR__c", [
+        FieldSpec(s.name, type=s.type, unique=True, length=s.length) if s.name == "Account_External_Id__c" else s
+        for s in crm_metadata.field_specs()])
+    source = _seed(bq_client, 24)
+    config_path = write_config(tmp_path, source)
+    resources = {
+        "control_plane": ControlPlaneResource(dsn=control_dsn),
+        "bigquery": BigQueryClientResource(project="nexus-test", location="US", emulator_url=bq_emulator_url),
+        "nexuscrm_writeback": SimCrm(state),
+    }
+    first = run_in_process("month_end_arr", config_path, resources=resources, run_id="blk-1")
+    assert first.status == "completed_with_errors" and first.exit_code == 2
+    forced = run_in_process("month_end_arr", config_path, resources=resources, run_id="blk-2", force=True)
+    assert forced.status == "completed_with_errors" and forced.counts["new_permanent_failures"] == 0
+    assert forced.counts["blocking_failures"] == 22
+    assert forced.exit_code == 2
