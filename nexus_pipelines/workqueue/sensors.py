@@ -74,7 +74,9 @@ def build_drain_sensor(job=workqueue_drain_job, queue_classes: Sequence[str] = Q
         if in_flight >= MAX_CONCURRENT_DRAINS:
             return SkipReason(f"{in_flight} drains already queued or running")
         with control_plane.connection() as conn:
-            due = {k: v for k, v in stats.due_work(conn, queue_classes).items() if v > 0}
+            # count up to what the free drains can take, or the backlog never scales past one drain
+            cap = ITEMS_PER_DRAIN * (MAX_CONCURRENT_DRAINS - in_flight)
+            due = {k: v for k, v in stats.due_work(conn, queue_classes, cap=cap).items() if v > 0}
         if not due:
             return SkipReason("no due work items in active generations")
         bucket = int(time.time() // BUCKET_S)

@@ -119,3 +119,18 @@ def test_queue_health_reports_depth_leases_and_oldest_due(control_conn, reg):
     assert health["depth_by_queue_class"]["health-b"] == {"pending": 2}
     assert health["active_leases"] >= 1 and health["oldest_due_age_s"] >= 90
     assert due_work(control_conn, ["health-a", "health-b", "none"]) == {"health-a": 2, "health-b": 2, "none": 0}
+
+
+def test_drain_sensor_scales_drains_with_a_backlog_beyond_one_drain(control_conn, control_dsn, reg):
+    from nexus_pipelines.workqueue import sensors
+
+    backlog = 2 * sensors.ITEMS_PER_DRAIN + 1
+    enqueue(control_conn, reg, items(backlog, queue_class="sensor-backlog"))
+    job = build_drain_job(lambda: HandlerRegistry({"t": _handler}), name="backlog_drain")
+    sensor = build_drain_sensor(job, queue_classes=["sensor-backlog"])
+    with build_sensor_context(
+        instance=DagsterInstance.ephemeral(), resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}
+    ) as context:
+        result = sensor(context)
+    requests = list(result) if not isinstance(result, SkipReason) else []
+    assert len(requests) == 3  # one drain per ITEMS_PER_DRAIN due items, under the cap of concurrent drains
