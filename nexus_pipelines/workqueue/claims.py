@@ -47,10 +47,6 @@ from psycopg import Connection, errors
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, sanitize_summary
 
-CLAIMABLE_STATES = ("pending", "retry")
-UNFINISHED_STATES = ("pending", "retry", "running")
-
-
 class LeaseFlag:
     """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
 

@@ -229,12 +229,3 @@ def record_drained(conn: Connection, registration_id: str, revision: int, *, rec
             (registration_id, revision),
         )
         return receipt
-
-
-def generations(conn: Connection) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        """SELECT registration_id, revision, status, activation_receipt_id, route_versions, updated_at
-             FROM workqueue_generations ORDER BY registration_id, revision"""
-    ).fetchall()
-    keys = ("registration_id", "revision", "status", "activation_receipt_id", "route_versions", "updated_at")
-    return [dict(zip(keys, r)) for r in rows]

@@ -55,9 +55,6 @@ class HandlerRegistry(Mapping[str, Handler]):
     def work_types(self) -> list[str]:
         return sorted(self._handlers)
 
-    def is_noop(self, work_type: str) -> bool:
-        return self._handlers.get(work_type) is NOOP
-
     @property
     def all_noop(self) -> bool:
         return bool(self._handlers) and all(h is NOOP for h in self._handlers.values())

@@ -100,13 +100,6 @@ def due_work(conn: Connection, queue_classes: Sequence[str] | None = None, *, ca
     return counts
 
 
-def expired_leases(conn: Connection) -> int:
-    (count,) = conn.execute(
-        "SELECT count(*) FROM connector_work_items WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until <= now()"
-    ).fetchone()
-    return count
-
-
 def due_receipts(conn: Connection, *, cap: int = 10_000) -> int:
     (count,) = conn.execute(
         """SELECT count(*) FROM (SELECT 1 FROM ingress_receipts
