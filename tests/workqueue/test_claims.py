@@ -5,7 +5,6 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from nexus_pipelines.control.db import connect
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.claims import Failure
 from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
