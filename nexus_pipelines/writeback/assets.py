@@ -22,6 +22,7 @@ their history, and per-batch progress in the run log.
 
 
 import logging
+from contextlib import closing
 from pathlib import Path
 
 from dagster import (
@@ -136,11 +137,10 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
                              external_ids=tuple(config.external_ids), retry_failed=config.retry_failed,
                              force=config.force)
     crm_factory = getattr(context.resources, CRM_RESOURCE_KEY).factory()
-    bq = context.resources.bigquery.get_client()
     stage_to_asset = {STAGE_READINESS: "readiness", STAGE_CANDIDATES: "candidates", STAGE_VALIDATION: "validated"}
     result: JobResult | None = None
     log = _DagsterLogAdapter(context)
-    with context.resources.control_plane.connection() as conn:
+    with closing(context.resources.bigquery.get_client()) as bq, context.resources.control_plane.connection() as conn:
         runner = Runner(definition.name, definition.mapper(), loaded, bq=bq, conn=conn, crm_factory=crm_factory,
                         log=log)
         for event in runner.execute(job_context):

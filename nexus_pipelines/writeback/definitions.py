@@ -2,6 +2,8 @@
 (stopped) schedule; plus the ledger export to BigQuery and attempt-retention pruning."""
 
 
+from contextlib import closing
+
 from dagster import AssetExecutionContext, AssetKey, Config, Definitions, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
@@ -25,8 +27,7 @@ class LedgerExportConfig(Config):
        description="The four writeback ledger tables (leases, runs, records, attempts) copied from the "
                    "Postgres control plane to the BigQuery control dataset.")
 def writeback_ledger_export(context: AssetExecutionContext, config: LedgerExportConfig) -> MaterializeResult:
-    bq = context.resources.bigquery.get_client()
-    with context.resources.control_plane.connection() as conn:
+    with closing(context.resources.bigquery.get_client()) as bq, context.resources.control_plane.connection() as conn:
         counts = export_ledger(conn, bq, config.project or bq.project, config.dataset)
     return MaterializeResult(metadata={f"{k}_rows": MetadataValue.int(v) for k, v in counts.items()})
 

@@ -117,3 +117,41 @@ def test_run_job_exit_code_follows_the_contract_for_blocking_failures(tmp_path, 
     assert forced.status == "completed_with_errors" and forced.counts["new_permanent_failures"] == 0
     assert forced.counts["blocking_failures"] == 22
     assert forced.exit_code == 2
+
+
+def test_dagster_assets_close_the_bigquery_clients_they_create(tmp_path, control_dsn, bq_emulator_url, bq_client):
+    from dagster import materialize
+
+    from nexus_pipelines.control.resources import ControlPlaneResource
+    from nexus_pipelines.integrations.resources import BigQueryClientResource
+    from nexus_pipelines.writeback.definitions import writeback_ledger_export
+
+    from .test_dagster import DEFINITION, SimCrm, write_config
+    from nexus_pipelines.writeback.assets import build_writeback_assets, source_asset_spec
+
+    opened, closed = [], []
+
+    class TrackedBigQuery(BigQueryClientResource):
+        def get_client(self):
+            client = super().get_client()
+            opened.append(client)
+            close = client.close
+            client.close = lambda: (closed.append(client), close())[1]
+            return client
+
+    resource = TrackedBigQuery(project="nexus-test", location="US", emulator_url=bq_emulator_url)
+    from .conftest import new_state
+
+    result = materialize(
+        [source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)],
+        resources={"control_plane": ControlPlaneResource(dsn=control_dsn), "bigquery": resource,
+                   "nexuscrm_writeback": SimCrm(new_state())},
+        run_config={"ops": {"writeback_month_end_arr": {"config": {
+            "config_path": write_config(tmp_path, _seed(bq_client, 12)), "run_id": "bq-close-1"}}}})
+    assert result.success
+    exported = materialize([writeback_ledger_export],
+                           resources={"control_plane": ControlPlaneResource(dsn=control_dsn), "bigquery": resource},
+                           run_config={"ops": {"nexuscrm_control__ledger_export": {
+                               "config": {"dataset": f"ctl_{uuid.uuid4().hex[:6]}"}}}})
+    assert exported.success
+    assert len(opened) == 2 and [id(c) for c in closed] == [id(c) for c in opened]
