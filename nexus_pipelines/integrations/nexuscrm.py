@@ -420,7 +420,9 @@ class NexusCrmClient:
                 response = self._http.request(method, url, headers=headers, **kwargs)
             except httpx.TimeoutException:
                 failure = _Transient("TIMEOUT", None, None)
-            except (httpx.NetworkError, httpx.RemoteProtocolError):
+            except (httpx.TransportError, httpx.DecodingError):
+                # Connection reset, protocol or proxy failure, or a body that cannot be decoded:
+                # the request may have been applied, so it is retried like a timeout.
                 failure = _Transient("CONNECTION_ERROR", None, None)
             else:
                 status = response.status_code
