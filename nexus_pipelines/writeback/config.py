@@ -27,6 +27,7 @@ from nexus_pipelines.settings import PROJECT_ROOT
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _DATASET = re.compile(r"^[A-Za-z0-9_]+$")
+_PROJECT = re.compile(r"^[A-Za-z0-9_\-]+$")  # no dot: table ids are split on "." into project.dataset.table
 _CRON_FIELD = re.compile(r"^[0-9*/,\-A-Za-z?]+$")
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -42,7 +43,7 @@ def _env_name(value: str) -> str:
 
 
 def _project_id(value: str) -> str:
-    if not _IDENT.match(value):
+    if not _PROJECT.match(value):
         raise ValueError("not a project id")
     return value
 

@@ -155,3 +155,17 @@ def test_dagster_assets_close_the_bigquery_clients_they_create(tmp_path, control
                                "config": {"dataset": f"ctl_{uuid.uuid4().hex[:6]}"}}}})
     assert exported.success
     assert len(opened) == 2 and [id(c) for c in closed] == [id(c) for c in opened]
+
+
+def test_a_project_id_with_a_dot_is_a_config_error():
+    import pytest
+
+    from nexus_pipelines.writeback.config import ConfigError, parse_config
+
+    from .conftest import CONFIG_DIR, config_dict
+
+    for section in ("source", "state"):
+        data = config_dict("finance_marts")
+        data[section]["project"] = "my.project"
+        with pytest.raises(ConfigError, match=rf"{section}\.project: .*not a project id"):
+            parse_config(data, base_dir=CONFIG_DIR)
