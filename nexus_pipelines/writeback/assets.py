@@ -174,10 +174,17 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
         raise Failure(description=f"{definition.name} run {run_id} failed: {result.error_message}",
                       metadata={"status": "failed", "run_id": run_id})
     if result.exit_code != 0:
-        context.log.error(
-            f"{definition.name} completed with errors: {result.retryable_failed} retryable, "
-            f"{result.permanently_failed} permanent ({result.new_permanent_failures} new, "
-            f"{result.blocking_failures} blocking), {result.deferred} waiting for retry")
+        # Section 11's non-zero exit: the CRM object is materialized with its evidence, and
+        # the run fails so that schedules and run-failure alerts see it. Unchanged permanent
+        # failures alone give exit code 0 and are not re-alerted.
+        raise Failure(
+            description=(
+                f"{definition.name} completed with errors: {result.retryable_failed} retryable, "
+                f"{result.permanently_failed} permanent ({result.new_permanent_failures} new, "
+                f"{result.blocking_failures} blocking), {result.deferred} waiting for retry"),
+            metadata={"status": result.status, "run_id": run_id},
+            allow_retries=False,
+        )
 
 
 def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:

@@ -99,6 +99,21 @@ def test_failing_blocking_check_stops_the_write(tmp_path, control_dsn, bq_emulat
     assert control_conn.execute("SELECT count(*) FROM leases").fetchone() == (0,)
 
 
+def test_new_record_errors_fail_the_dagster_run_and_unchanged_ones_do_not(tmp_path, control_dsn, bq_emulator_url,
+                                                                         bq_client):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 40, negative_every=10)
+    state = new_state()  # its CRM rejects negative ARR per record
+    first = run(tmp_path, control_dsn, bq_emulator_url, state, dataset)
+    assert not first.success  # section 11: new permanent failures are a non-zero exit
+    crm = [e.event_specific_data.materialization for e in first.get_asset_materialization_events()
+           if e.asset_key == KEYS["crm"]]
+    assert crm and crm[0].metadata["status"].value == "completed_with_errors"
+    assert crm[0].metadata["new_permanent_failures"].value == 4 and crm[0].metadata["succeeded"].value == 36
+    again = run(tmp_path, control_dsn, bq_emulator_url, state, dataset)
+    assert again.success  # unchanged permanent failures are skipped and not re-alerted
+
+
 def test_canary_run_touches_only_named_external_ids(tmp_path, control_dsn, bq_emulator_url, source, control_conn):
     state = new_state()
     wanted = ["001000000000000:2025-03", "001000000000002:2025-07"]
