@@ -47,7 +47,7 @@ from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
 from nexus_pipelines.writeback.ledger import AttemptOutcome, BatchCounts, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
-from nexus_pipelines.writeback.mapping import EXTERNAL_ID_COLUMN, Mapper, MappedRecord, MappingError
+from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.source import (
     Readiness,
     SourceError,

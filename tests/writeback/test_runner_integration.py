@@ -7,7 +7,6 @@ import uuid
 import pytest
 
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
-from nexus_pipelines.writeback.source import candidate_table_id
 
 from .conftest import context, make_config
 
@@ -51,7 +50,6 @@ def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner
     assert result.batches == 3
     sizes = [e.record_count for e in sim_state.request_log() if "composite" in e.path]
     assert sizes == [10, 10, 5]
-    from nexus_pipelines.control.db import connect
 
     batches = make_runner(make_config(dataset), sim_state, job_name="order").ledger.conn.execute(
         "SELECT batch_id, min(external_id), max(external_id) FROM outbound_record_attempts "
