@@ -50,6 +50,24 @@ def test_readiness_contract_violations_fail_closed(bq_client, sql, message):
         run_readiness(bq_client, sql)
 
 
+def test_a_load_in_progress_makes_the_month_end_arr_source_not_ready(bq_client):
+    from nexus_pipelines.writeback.config import render_sql
+    from nexus_pipelines.settings import PROJECT_ROOT
+
+    dataset = f"runs_{uuid.uuid4().hex[:8]}"
+    bq_client.create_dataset(dataset)
+    bq_client.query(
+        f"""CREATE TABLE {dataset}.pipeline_runs AS
+            SELECT 'load-1' AS run_id, 'month_end_arr' AS pipeline, 'succeeded' AS status,
+                   TIMESTAMP '2026-11-01 00:00:00+00' AS finished_at
+            UNION ALL
+            SELECT 'load-2', 'month_end_arr', 'running', CAST(NULL AS TIMESTAMP)"""
+    ).result()
+    sql = render_sql((PROJECT_ROOT / "sql/jobs/month_end_arr-readiness.sql").read_text(), {"source_dataset": dataset})
+    with pytest.raises(SourceError, match="as_of_at is null"):
+        run_readiness(bq_client, sql)
+
+
 def test_freshness_is_computed_from_as_of_at():
     r = Readiness("load-1", datetime(2026, 11, 1, tzinfo=UTC), True, None)
     assert freshness_problem(r, 180, datetime(2026, 11, 1, 2, 59, tzinfo=UTC)) is None
