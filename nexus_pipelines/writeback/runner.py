@@ -377,7 +377,6 @@ class Runner:
         state_s = [0.0]
         crm_s = 0.0
         ledger_s = 0.0
-        written = 0
 
         gate = self._gate = _Gate()
 
@@ -413,7 +412,6 @@ class Runner:
                         c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
                         crm_s += c
                         ledger_s += l
-                        written += len(batch)
                         batch = []
             if batch:
                 c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
