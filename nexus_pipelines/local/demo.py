@@ -73,7 +73,7 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
             before = state.calls().get("upsert", 0)
             t0 = time.monotonic()
             outcome = run_in_process("month_end_arr", str(LOCAL_CONFIG), resources=resources, instance=instance,
-                                     log_level="ERROR")
+                                     log_level="CRITICAL")  # the summary below reports each run
             upserts = state.calls().get("upsert", 0) - before
             outcomes.append((label, outcome, upserts, time.monotonic() - t0))
             echo(f"{label}: {outcome.summary()}")
