@@ -80,6 +80,13 @@ class NexusCrmUnavailable(NexusCrmError):
     """Token or describe kept failing transiently until the attempts ran out."""
 
 
+def longest_batch_call_s(max_attempts: int, max_backoff_s: float, timeout: httpx.Timeout = DEFAULT_TIMEOUT) -> float:
+    """The longest one `upsert_batch` can take: every attempt runs into every timeout and
+    waits the longest backoff before the next (a longer Retry-After is not waited out)."""
+    per_attempt = sum(t or 0.0 for t in (timeout.connect, timeout.write, timeout.read, timeout.pool))
+    return max_attempts * per_attempt + (max_attempts - 1) * max_backoff_s
+
+
 def is_retryable(error_code: str) -> bool:
     return error_code in RETRYABLE_ERROR_CODES
 

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nexus_pipelines.integrations.nexuscrm import longest_batch_call_s
 from nexus_pipelines.settings import PROJECT_ROOT
 
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -29,6 +30,7 @@ _IDENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _DATASET = re.compile(r"^[A-Za-z0-9_]+$")
 _PROJECT = re.compile(r"^[A-Za-z0-9_\-]+$")  # no dot: table ids are split on "." into project.dataset.table
 _CRON_FIELD = re.compile(r"^[0-9*/,\-A-Za-z?]+$")
+LEASE_MARGIN_S = 60  # room for the batch's ledger commit and a renewal round trip
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 
@@ -108,12 +110,20 @@ class WriteConfig(_Strict):
     max_attempts: int = Field(default=5, ge=1, le=10)
     base_backoff_seconds: float = Field(default=1, ge=0, le=60)
     max_backoff_seconds: float = Field(default=30, ge=0, le=600)
-    lease_ttl_seconds: int = Field(default=600, ge=30, le=3600)
+    lease_ttl_seconds: int = Field(default=900, ge=30, le=3600)
 
     @model_validator(mode="after")
     def _backoff(self) -> WriteConfig:
         if self.max_backoff_seconds < self.base_backoff_seconds:
             raise ValueError("max_backoff_seconds must be >= base_backoff_seconds")
+        # The lease is renewed before each batch; it must outlive the longest CRM call plus
+        # the batch's ledger commit, or a slow batch could hand the job to a second writer.
+        longest = longest_batch_call_s(self.max_attempts, self.max_backoff_seconds) + LEASE_MARGIN_S
+        if self.lease_ttl_seconds < longest:
+            raise ValueError(
+                f"lease_ttl_seconds ({self.lease_ttl_seconds}) must be at least {longest:.0f}: one CRM batch can take "
+                f"{longest - LEASE_MARGIN_S:.0f} s with max_attempts={self.max_attempts} and "
+                f"max_backoff_seconds={self.max_backoff_seconds:g}; raise it or lower those")
         return self
 
 

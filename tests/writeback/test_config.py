@@ -49,6 +49,15 @@ def test_unknown_keys_are_rejected(path, value):
         parse(with_change(path, value))
 
 
+def test_a_lease_shorter_than_the_longest_crm_batch_call_is_rejected():
+    data = config_dict("src", max_attempts=5, max_backoff_seconds=30)
+    data["write"]["lease_ttl_seconds"] = 600  # 5 attempts x 100 s of timeouts + 4 x 30 s backoff = 620 s
+    with pytest.raises(ConfigError, match=r"lease_ttl_seconds \(600\) must be at least 680"):
+        parse(data)
+    data["write"]["lease_ttl_seconds"] = 680
+    assert parse(data).config.write.lease_ttl_seconds == 680
+
+
 @pytest.mark.parametrize("size", [0, -1, 201, 1000])
 def test_batch_size_outside_1_to_200_is_rejected(size):
     with pytest.raises(ConfigError, match="write.batch_size"):
