@@ -226,10 +226,11 @@ def _insert_events_and_work(
     route_id: str,
     route_version: int,
     events: Sequence[EventSpec],
-) -> list[int]:
-    """Insert events and their work items idempotently; returns the event ids in spec order."""
+) -> tuple[list[int], int]:
+    """Insert events and their work items idempotently; returns the event ids in spec order
+    and how many work items this call created."""
     if not events:
-        return []
+        return [], 0
     keys = [e.idempotency_key for e in events]
     if len(set(keys)) != len(keys):
         raise RoutingRejected("a receipt materialized two events with the same idempotency key")
@@ -274,8 +275,9 @@ def _insert_events_and_work(
     )
     event_ids = [found[k] for k in keys]
     work_rows = [(event_id, w) for event_id, e in zip(event_ids, events) for w in e.work]
+    created = 0
     if work_rows:
-        conn.execute(
+        created = conn.execute(
             """
             INSERT INTO connector_work_items (event_id, registration_id, revision, work_type, queue_class,
                                               max_attempts, priority, source_lane_key, target_lane_key)
@@ -299,8 +301,8 @@ def _insert_events_and_work(
                 "src": [r[1].source_lane_key for r in work_rows],
                 "tgt": [r[1].target_lane_key for r in work_rows],
             },
-        )
-    return event_ids
+        ).rowcount
+    return event_ids, created
 
 
 def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
@@ -317,7 +319,7 @@ def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events:
         ).fetchone()
         if held is None:
             raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
-        event_ids = _insert_events_and_work(
+        event_ids, _ = _insert_events_and_work(
             conn,
             receipt_id=receipt.receipt_id,
             registration_id=receipt.registration_id,
@@ -461,49 +463,26 @@ def enqueue_work_items(
                    RETURNING receipt_id""",
                 (registration_id, revision, uuid.uuid4().hex, route_id),
             ).fetchone()
-            cur = conn.execute(
-                """
-                WITH d AS (
-                    SELECT * FROM unnest(%(keys)s::text[], %(types)s::text[], %(classes)s::text[], %(src)s::text[],
-                                         %(tgt)s::text[], %(payloads)s::jsonb[], %(max)s::int[], %(kinds)s::text[])
-                           WITH ORDINALITY AS d(idempotency_key, work_type, queue_class, source_lane, target_lane,
-                                                payload, max_attempts, source_kind, ord)
-                ),
-                ev AS (
-                    INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id,
-                                                         route_version, source_kind, source_id, idempotency_key,
-                                                         delivery_seq, payload_hash, payload)
-                    SELECT %(receipt_id)s, %(registration_id)s, %(revision)s, %(route_id)s, %(route_version)s,
-                           d.source_kind, d.idempotency_key, d.idempotency_key, d.ord, 'sha256:bulk', d.payload
-                      FROM d ORDER BY d.ord
-                    ON CONFLICT (registration_id, idempotency_key) DO NOTHING
-                    RETURNING event_id, idempotency_key
-                )
-                INSERT INTO connector_work_items (event_id, registration_id, revision, work_type, queue_class,
-                                                  max_attempts, source_lane_key, target_lane_key)
-                SELECT ev.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
-                       d.source_lane, d.target_lane
-                  FROM ev JOIN d USING (idempotency_key)
-                 ORDER BY ev.event_id
-                ON CONFLICT (event_id, work_type) DO NOTHING
-                """,
-                {
-                    "receipt_id": receipt_id,
-                    "registration_id": registration_id,
-                    "revision": revision,
-                    "route_id": route_id,
-                    "route_version": route_version,
-                    "keys": [i.idempotency_key for i in batch],
-                    "types": [i.work_type for i in batch],
-                    "classes": [i.queue_class for i in batch],
-                    "src": [i.source_lane_key for i in batch],
-                    "tgt": [i.target_lane_key for i in batch],
-                    "payloads": [Jsonb(i.payload) if i.payload is not None else None for i in batch],
-                    "max": [i.max_attempts for i in batch],
-                    "kinds": [i.source_kind for i in batch],
-                },
+            _, made = _insert_events_and_work(
+                conn,
+                receipt_id=receipt_id,
+                registration_id=registration_id,
+                revision=revision,
+                route_id=route_id,
+                route_version=route_version,
+                events=[
+                    EventSpec(
+                        source_kind=i.source_kind,
+                        source_id=i.idempotency_key,
+                        idempotency_key=i.idempotency_key,
+                        payload=i.payload,
+                        work=[WorkSpec(i.work_type, i.queue_class, i.source_lane_key, i.target_lane_key,
+                                       i.max_attempts)],
+                    )
+                    for i in batch
+                ],
             )
-            created += cur.rowcount
+            created += made
             conn.execute(
                 "UPDATE ingress_receipts SET enqueued_event_ids = ARRAY(SELECT event_id FROM connector_outbox_events"
                 " WHERE receipt_id = %s ORDER BY event_id) WHERE receipt_id = %s",
