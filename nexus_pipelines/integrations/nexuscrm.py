@@ -27,6 +27,8 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
+from nexus_pipelines.backoff import capped_exponential
+
 logger = logging.getLogger(__name__)
 
 API_VERSION = "v63.0"
@@ -459,7 +461,7 @@ class NexusCrmClient:
 
     def _jitter(self, attempt: int) -> float:
         # Full jitter: uniform over [0, min(cap, base * 2^(attempt-1))].
-        return self._rng.uniform(0.0, min(self._max_backoff_s, self._base_backoff_s * 2 ** (attempt - 1)))
+        return self._rng.uniform(0.0, capped_exponential(attempt, self._base_backoff_s, self._max_backoff_s))
 
     # -- describe / preflight ---------------------------------------------------------
 

@@ -6,6 +6,8 @@ import random
 import re
 from dataclasses import dataclass
 
+from nexus_pipelines.backoff import capped_exponential
+
 SUMMARY_LIMIT = 500
 
 _REDACTIONS: list[tuple[re.Pattern[str], str]] = [
@@ -65,7 +67,7 @@ class RetryPolicy:
             raise ValueError(f"invalid retry policy {self!r}")
 
     def ceiling(self, attempts: int) -> float:
-        return min(self.cap_s, self.base_s * (2 ** max(attempts - 1, 0)))
+        return capped_exponential(attempts, self.base_s, self.cap_s)
 
     def delay(self, attempts: int, rng: random.Random | None = None) -> float:
         ceiling = self.ceiling(attempts)

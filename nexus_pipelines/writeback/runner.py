@@ -34,6 +34,7 @@ import psycopg
 from google.api_core import exceptions as gexc
 from google.cloud import bigquery
 
+from nexus_pipelines.backoff import capped_exponential
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
     NexusCrmClient,
@@ -454,8 +455,8 @@ class Runner:
             elif r.retryable:
                 status = "retryable_failed"
                 retry += 1
-                delay = outcome.retry_after_s if outcome.retry_after_s is not None else min(
-                    cfg.max_backoff_seconds, cfg.base_backoff_seconds * 2 ** min(attempt - 1, 32))
+                delay = outcome.retry_after_s if outcome.retry_after_s is not None else capped_exponential(
+                    attempt, cfg.base_backoff_seconds, cfg.max_backoff_seconds)
             else:
                 status = "permanent_failed"
                 perm += 1
