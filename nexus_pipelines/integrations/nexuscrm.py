@@ -10,7 +10,6 @@ OAuth responses, record payloads.
 
 from __future__ import annotations
 
-import email.utils
 import json
 import logging
 import os
@@ -20,7 +19,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Self
 from urllib.parse import urlsplit
 
@@ -28,6 +26,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from nexus_pipelines.backoff import capped_exponential
+from nexus_pipelines.integrations.http import parse_retry_after
+from nexus_pipelines.redaction import one_line
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +46,6 @@ BLOCKING_ERROR_CODES = frozenset({"DUPLICATE_VALUE", "DUPLICATE_EXTERNAL_ID"})
 _TRANSIENT_STATUSES = frozenset({408, 429})
 # API names and error codes: safe in a URL path, a log line or a ledger column.
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
-_BEARER = re.compile(r"(?i)bearer\s+\S+")
-_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 _LIMIT_INFO = re.compile(r"api-usage=(\d+)/(\d+)")
 _NOT_VISIBLE = "does not exist or is not visible to the integration user"
 
@@ -98,10 +96,8 @@ def is_blocking(error_code: str | None) -> bool:
 
 
 def sanitize_error_message(text: str, limit: int = MAX_ERROR_MESSAGE_CHARS) -> str:
-    """One line, bearer tokens and email addresses redacted, at most `limit` characters."""
-    text = " ".join(text.split())
-    text = _EMAIL.sub("[email]", _BEARER.sub("Bearer [redacted]", text))
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """One line, secrets and email addresses redacted (the one redaction rule), at most `limit` characters."""
+    return one_line(text, limit)
 
 
 def _check_url(url: str, source: str, allow_http: bool) -> None:
@@ -264,22 +260,6 @@ def parse_token(content: bytes) -> OAuthToken:
 def parse_limit_info(header: str | None) -> ApiLimit | None:
     match = _LIMIT_INFO.search(header or "")
     return ApiLimit(int(match.group(1)), int(match.group(2))) if match else None
-
-
-def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        return None
-    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
 
 
 @dataclass(frozen=True)

@@ -3,48 +3,20 @@
 from __future__ import annotations
 
 import random
-import re
 from dataclasses import dataclass
 
 from nexus_pipelines.backoff import capped_exponential
+from nexus_pipelines.redaction import describe_exception, one_line
 
 SUMMARY_LIMIT = 500
 
-_REDACTIONS: list[tuple[re.Pattern[str], str]] = [
-    # credentials inside URLs: scheme://user:secret@host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1[redacted]@"),
-    # Authorization headers and bearer/basic tokens
-    (re.compile(r"(?i)\b(authorization\s*[:=]\s*)(\S+\s+)?\S+"), r"\1[redacted]"),
-    (re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
-    # key=value / key: value pairs whose key looks secret (quoted with " or ', as in a dict repr)
-    (
-        re.compile(
-            r"(?i)\b([a-z0-9_-]*(?:password|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
-            r"private[_-]?key|client[_-]?secret|session|cookie|signature|credential)[a-z0-9_-]*)"
-            r"([\"']?\s*[:=]\s*[\"']?)([^\s\"',;&}]+)"
-        ),
-        r"\1\2[redacted]",
-    ),
-    # JWTs and long opaque strings (hex, base64) that may be keys
-    (re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"), "[redacted]"),
-    (re.compile(r"\b[A-Za-z0-9+/_-]{32,}={0,2}"), "[redacted]"),
-]
-
-
 def sanitize_summary(text: str | None, limit: int = SUMMARY_LIMIT) -> str:
     """One bounded line with anything that looks like a secret or token removed."""
-    if not text:
-        return ""
-    cleaned = " ".join(str(text).split())
-    for pattern, replacement in _REDACTIONS:
-        cleaned = pattern.sub(replacement, cleaned)
-    if len(cleaned) > limit:
-        cleaned = cleaned[: limit - 1] + "…"
-    return cleaned
+    return one_line(text, limit)
 
 
 def summarize_exception(exc: BaseException, limit: int = SUMMARY_LIMIT) -> str:
-    return sanitize_summary(f"{type(exc).__name__}: {exc}", limit)
+    return describe_exception(exc, limit)
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,9 @@
 One JSON object per event with `event`, `job_name`, `run_id` and counts, durations
 and error codes. Callers pass only those: never tokens, auth headers, payloads or
 raw customer fields; external IDs go through `hashing.redact_id`. As a last guard,
-string values are sanitized (bearer tokens and email addresses redacted, one line,
-bounded length) and keys that name secrets or payloads are refused.
+string values pass the one redaction rule (`nexus_pipelines.redaction`: secrets,
+tokens and email addresses removed, one line, bounded length) and keys that name
+secrets or payloads are refused.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 from typing import Any
 
-from nexus_pipelines.integrations.nexuscrm import sanitize_error_message
+from nexus_pipelines.redaction import one_line
 
 FORBIDDEN_KEYS = frozenset({"token", "access_token", "authorization", "client_secret", "client_id", "password",
                             "payload", "record", "records", "body", "headers"})
@@ -30,7 +31,7 @@ def render_event(event: str, **fields: Any) -> str:
 
 def _clean(value: Any) -> Any:
     if isinstance(value, str):
-        return sanitize_error_message(value, limit=300)
+        return one_line(value, 300)
     if isinstance(value, dict):
         return {str(k): _clean(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

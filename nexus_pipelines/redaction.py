@@ -1,0 +1,78 @@
+"""The one redaction rule: what may never leave a process in a log line, an exception, a
+ledger column, a work-item summary or run metadata.
+
+`redact` removes, in this order: every secret value this process resolved from a
+reference (`register_secret`, called by `credentials.resolve`), credentials inside URLs,
+Authorization headers and bearer/basic/token values, `key=value` / `"key": "value"`
+pairs whose key names a secret, JWTs, long opaque strings that may be keys, and email
+addresses (customer data in provider messages). `one_line` also folds whitespace and
+bounds the length, which is what every summary and error message wants.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+
+REDACTED = "[redacted]"
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # credentials inside URLs: scheme://user:secret@host
+    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1[redacted]@"),
+    # Authorization / PRIVATE-TOKEN style headers, then bearer/basic/token values anywhere
+    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)(\S+\s+)?\S+"), r"\1[redacted]"),
+    (re.compile(r"(?i)\b(private-token\s*[:=]\s*)\S+"), r"\1[redacted]"),
+    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',;]+"), r"\1 [redacted]"),
+    (re.compile(r"(?i)\b(token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
+    # key=value / key: value pairs whose key looks secret (quoted with " or ', as in a dict repr)
+    (
+        re.compile(
+            r"(?i)\b([a-z0-9_-]*(?:password|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
+            r"private[_-]?key|client[_-]?secret|session|cookie|signature|credential)[a-z0-9_-]*)"
+            r"([\"']?\s*[:=]\s*[\"']?)([^\s\"',;&}]+)"
+        ),
+        r"\1\2[redacted]",
+    ),
+    # PEM blocks (private keys pasted into a message)
+    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)", re.S), REDACTED),
+    # JWTs and long opaque strings (hex, base64) that may be keys
+    (re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"), REDACTED),
+    (re.compile(r"\b[A-Za-z0-9+/_-]{32,}={0,2}"), REDACTED),
+    (re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+"), "[email]"),
+)
+
+_known: set[str] = set()
+_known_lock = threading.Lock()
+# Short values would redact ordinary words; references to such secrets are refused when
+# they are resolved (see credentials.resolve).
+MIN_REGISTERED_SECRET = 8
+
+
+def register_secret(value: str) -> None:
+    """Remember a resolved secret value so that `redact` removes it wherever it appears."""
+    if len(value) >= MIN_REGISTERED_SECRET:
+        with _known_lock:
+            _known.add(value)
+
+
+def redact(text: str) -> str:
+    with _known_lock:
+        known = sorted(_known, key=len, reverse=True)
+    for value in known:
+        if value in text:
+            text = text.replace(value, REDACTED)
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def one_line(text: object, limit: int = 500) -> str:
+    """`text` redacted, on one line, at most `limit` characters ('' for None or empty)."""
+    if text is None or text == "":
+        return ""
+    cleaned = redact(" ".join(str(text).split()))
+    return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
+
+
+def describe_exception(exc: BaseException, limit: int = 500) -> str:
+    return one_line(f"{type(exc).__name__}: {exc}", limit)

@@ -1,0 +1,60 @@
+"""The one redaction rule and credential references."""
+
+from __future__ import annotations
+
+import pytest
+
+from nexus_pipelines.credentials import SecretReferenceError, check_reference, resolve
+from nexus_pipelines.redaction import describe_exception, one_line, redact
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("GET https://user:hunter2pass@gitlab.example.com/api", "hunter2pass"),
+        ("Authorization: Bearer abc.def.ghi-123456", "abc.def.ghi-123456"),
+        ("PRIVATE-TOKEN: glpat-abcdefghij0123456789", "glpat-abcdefghij0123456789"),
+        ("token eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiIxIn0.c2lnbmF0dXJl", "eyJhbGciOiJSUzI1NiJ9"),
+        ("KeyError: {'password': 'hunter2', 'api_key': 'sk1234'}", "hunter2"),
+        ("bad request api_key='abc123' token='zzz9'", "abc123"),
+        ('{"client_secret": "s3cr3t"}', "s3cr3t"),
+        ("failed for jane.doe+x@example.com", "jane.doe"),
+        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow"),
+        ("opaque 0123456789abcdef0123456789abcdef01 in text", "0123456789abcdef0123456789abcdef01"),
+    ],
+)
+def test_redact_removes_every_secret_shape(text, secret):
+    assert secret not in redact(text)
+
+
+def test_one_line_folds_and_bounds():
+    out = one_line("a\nb\t" + "word " * 500, 100)
+    assert "\n" not in out and len(out) == 100 and out.endswith("…")
+    assert one_line(None) == "" and one_line("") == ""
+
+
+def test_resolved_secrets_are_redacted_wherever_they_appear(monkeypatch):
+    monkeypatch.setenv("NEXUS_TEST_CANARY", "canary-Zq7 plain words")
+    value = resolve("env:NEXUS_TEST_CANARY")
+    assert value.get_secret_value() == "canary-Zq7 plain words"
+    assert "canary-Zq7" not in describe_exception(RuntimeError("leaked canary-Zq7 plain words here"))
+
+
+@pytest.mark.parametrize("reference", ["glpat-abcdef0123456789", "env:lower", "env:", "file:relative/path", "ENV:X"])
+def test_values_and_malformed_references_are_refused(reference):
+    with pytest.raises(SecretReferenceError) as info:
+        check_reference(reference)
+    assert reference not in str(info.value) or reference.startswith(("env:", "file:"))
+
+
+def test_unresolvable_references_name_the_reference(tmp_path, monkeypatch):
+    monkeypatch.delenv("NEXUS_TEST_UNSET", raising=False)
+    with pytest.raises(SecretReferenceError, match="env:NEXUS_TEST_UNSET names an unset"):
+        resolve("env:NEXUS_TEST_UNSET")
+    with pytest.raises(SecretReferenceError, match="cannot be read"):
+        resolve(f"file:{tmp_path}/missing")
+    (tmp_path / "short").write_text("abc")
+    with pytest.raises(SecretReferenceError, match="shorter than"):
+        resolve(f"file:{tmp_path}/short")
+    (tmp_path / "key").write_text("a-long-enough-secret\n")
+    assert resolve(f"file:{tmp_path}/key").get_secret_value() == "a-long-enough-secret"
