@@ -1,0 +1,145 @@
+"""The HTTP core every provider client is built on.
+
+`make_client` gives one pooled `httpx.Client` with explicit timeouts, redirects never
+followed, an egress guard (a request to any origin but the configured ones is refused
+before it leaves the process) and call counting per endpoint and outcome. Transports
+are injectable, so tests run the project's simulators in process. Nothing here
+retries: retry policy belongs to the caller (the CRM client's section 11 loop, the
+connector core's executor).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+import httpx
+
+ENDPOINT = "nexus_endpoint"  # request extension naming the endpoint, for call counts
+DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=5.0)
+DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+
+
+class EgressRefused(httpx.TransportError):
+    """A request named an origin this client may not call; nothing was sent."""
+
+
+def origin_of(url: str | httpx.URL) -> str:
+    """`scheme://host:port` with the default port made explicit."""
+    url = httpx.URL(url)
+    port = url.port or {"https": 443, "http": 80}.get(url.scheme)
+    return f"{url.scheme}://{url.host}:{port}"
+
+
+class CallCounter:
+    """Thread-safe counts of `endpoint` and `endpoint:outcome` (status_NNN or an exception name)."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, endpoint: str, outcome: str) -> None:
+        with self._lock:
+            self._counts[endpoint] += 1
+            self._counts[f"{endpoint}:{outcome}"] += 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    def total(self, endpoint: str | None = None) -> int:
+        with self._lock:
+            if endpoint is not None:
+                return self._counts[endpoint]
+            return sum(v for k, v in self._counts.items() if ":" not in k)
+
+
+class GuardedTransport(httpx.BaseTransport):
+    """Refuses origins outside the allow-list and counts every request that goes out."""
+
+    def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter) -> None:
+        self._inner = inner
+        self._allowed = frozenset(origin_of(o) for o in allowed_origins)
+        self._counter = counter
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        origin = origin_of(request.url)
+        if origin not in self._allowed:
+            raise EgressRefused(f"refused a request to {origin}: this client may only call "
+                                f"{', '.join(sorted(self._allowed))}", request=request)
+        endpoint = str(request.extensions.get(ENDPOINT) or request.method)
+        try:
+            response = self._inner.handle_request(request)
+        except Exception as exc:
+            self._counter.add(endpoint, type(exc).__name__)
+            raise
+        self._counter.add(endpoint, f"status_{response.status_code}")
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def make_client(
+    base_url: str,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    allowed_origins: Iterable[str] = (),
+    counter: CallCounter | None = None,
+    auth: httpx.Auth | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout: httpx.Timeout = DEFAULT_TIMEOUT,
+    limits: httpx.Limits = DEFAULT_LIMITS,
+) -> httpx.Client:
+    """A client that may call `base_url`'s origin (and `allowed_origins`) and nothing else."""
+    inner = transport if transport is not None else httpx.HTTPTransport(limits=limits)
+    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter())
+    return httpx.Client(
+        base_url=base_url, transport=guarded, auth=auth, headers=dict(headers or {}), timeout=timeout,
+        follow_redirects=False,
+    )
+
+
+def bounded_timeout(remaining_ms: int, base: httpx.Timeout = DEFAULT_TIMEOUT) -> httpx.Timeout:
+    """`base` with every phase cut to the remaining budget (an invocation's deadline)."""
+    cap = max(remaining_ms, 1) / 1000.0
+
+    def cut(value: float | None) -> float:
+        return cap if value is None else min(value, cap)
+
+    return httpx.Timeout(connect=cut(base.connect), read=cut(base.read), write=cut(base.write), pool=cut(base.pool))
+
+
+def parse_retry_after(value: str | None, now: datetime | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if absent or bad."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return max(0.0, (when - (now or datetime.now(UTC))).total_seconds())
+
+
+class HeaderTokenAuth(httpx.Auth):
+    """Puts a token into one header on every request: `PRIVATE-TOKEN: <t>`, or with a
+    scheme `Authorization: Bearer <t>`. `token` is called per request, so a provider of
+    short-lived tokens (a GitHub installation token cache) refreshes behind it."""
+
+    def __init__(self, header: str, token, scheme: str | None = None) -> None:
+        self._header = header
+        self._token = token
+        self._scheme = scheme
+
+    def auth_flow(self, request: httpx.Request):
+        value = self._token()
+        request.headers[self._header] = f"{self._scheme} {value}" if self._scheme else value
+        yield request
