@@ -7,23 +7,8 @@ import time
 
 import click
 
+from nexus_pipelines.cli_common import UserError, control_dsn
 from nexus_pipelines.settings import load_settings
-
-
-class UserError(click.ClickException):
-    """A one-line error a user can act on (no traceback)."""
-
-
-def _control_dsn() -> str:
-    settings = load_settings()
-    if settings.pg_dsn:
-        return settings.pg_dsn
-    from nexus_pipelines.local.stack import LocalStack
-
-    raise UserError(
-        "NEXUS_PG_DSN is not set: run `nexus-pipelines local up` and `. "
-        f"{LocalStack(settings).env_file}`, or point NEXUS_PG_DSN at your control-plane Postgres"
-    )
 
 
 @click.group()
@@ -76,7 +61,7 @@ def migrate() -> None:
     from nexus_pipelines.control.migrations import MigrationError, apply_migrations
 
     try:
-        applied = apply_migrations(_control_dsn())
+        applied = apply_migrations(control_dsn())
     except MigrationError as exc:
         raise UserError(str(exc)) from exc
     click.echo("applied: " + ", ".join(applied) if applied else "migrations are up to date")

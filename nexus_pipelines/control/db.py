@@ -8,6 +8,7 @@ schema name.
 from __future__ import annotations
 
 from psycopg import Connection
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.settings import CONTROL_SCHEMA
@@ -17,8 +18,14 @@ def connect_kwargs(schema: str = CONTROL_SCHEMA) -> dict:
     return {"options": f"-c search_path={schema},public -c timezone=UTC"}
 
 
-def connect(dsn: str, *, schema: str = CONTROL_SCHEMA, autocommit: bool = True) -> Connection:
-    return Connection.connect(dsn, autocommit=autocommit, **connect_kwargs(schema))
+def connect(dsn: str, *, schema: str = CONTROL_SCHEMA, autocommit: bool = True, **kwargs) -> Connection:
+    return Connection.connect(dsn, autocommit=autocommit, **connect_kwargs(schema), **kwargs)
+
+
+def safe_target(dsn: str) -> str:
+    """host:port/dbname of a DSN, without its user or password."""
+    params = conninfo_to_dict(dsn)
+    return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
 
 
 def make_pool(dsn: str, *, schema: str = CONTROL_SCHEMA, min_size: int = 1, max_size: int = 8) -> ConnectionPool:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import psycopg
 
+from nexus_pipelines.control.db import safe_target
 from nexus_pipelines.control.migrations import apply_migrations
 from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
 from nexus_pipelines.local.dagster_home import write_local_home
@@ -42,12 +43,6 @@ class StackInfo:
         ]
 
 
-def _safe_target(dsn: str) -> str:
-    """host:port/dbname of a DSN, without its user or password."""
-    params = psycopg.conninfo.conninfo_to_dict(dsn)
-    return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
-
-
 class LocalStack:
     def __init__(self, settings: NexusSettings) -> None:
         self.settings = settings
@@ -68,7 +63,7 @@ class LocalStack:
         try:
             applied = apply_migrations(dsn)
         except psycopg.OperationalError as exc:
-            where = "the embedded server" if embedded else f"NEXUS_PG_DSN ({_safe_target(dsn)})"
+            where = "the embedded server" if embedded else f"NEXUS_PG_DSN ({safe_target(dsn)})"
             raise StackError(f"cannot connect to {where}: {str(exc).strip().splitlines()[-1]}; "
                              "check that the server runs and the DSN is right") from exc
         bq_url = self.emulator.start()

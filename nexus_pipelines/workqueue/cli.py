@@ -2,27 +2,11 @@
 
 from __future__ import annotations
 
-import getpass
 import json
 
 import click
 
-
-def _dsn() -> str:
-    from nexus_pipelines.cli import _control_dsn
-
-    return _control_dsn()
-
-
-def _operator() -> str:
-    try:
-        return f"cli:{getpass.getuser()}"
-    except Exception:  # noqa: BLE001 - no login name in some containers
-        return "cli"
-
-
-def _fail(message: str) -> click.ClickException:
-    return click.ClickException(message)
+from nexus_pipelines.cli_common import UserError, control_connection, control_dsn, operator
 
 
 @click.group("queue")
@@ -34,10 +18,9 @@ def queue() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def stats_cmd(as_json: bool) -> None:
     """Depth per state and queue class, oldest due age, leases, reclaim/retry/dead counts."""
-    from nexus_pipelines.control.db import connect
     from nexus_pipelines.workqueue.stats import queue_health
 
-    with connect(_dsn()) as conn:
+    with control_connection() as conn:
         health = queue_health(conn)
     if as_json:
         click.echo(json.dumps(health, sort_keys=True, default=str))
@@ -57,10 +40,9 @@ def dlq() -> None:
 @click.option("--limit", default=50, type=click.IntRange(1, 1000))
 def dlq_list(registration: str | None, after: int, limit: int) -> None:
     """Dead items with their event and receipt context."""
-    from nexus_pipelines.control.db import connect
     from nexus_pipelines.workqueue.dlq import list_dead
 
-    with connect(_dsn()) as conn:
+    with control_connection() as conn:
         items = list_dead(conn, registration_id=registration, after_work_id=after, limit=limit)
     if not items:
         click.echo("no dead work items")
@@ -78,14 +60,13 @@ def dlq_list(registration: str | None, after: int, limit: int) -> None:
 @click.argument("work_id", type=int)
 def replay_cmd(work_id: int) -> None:
     """Replay one dead work item as a new attempt (fails closed when unsafe)."""
-    from nexus_pipelines.control.db import connect
     from nexus_pipelines.workqueue.dlq import ReplayRefused, replay
 
-    with connect(_dsn()) as conn:
+    with control_connection() as conn:
         try:
-            result = replay(conn, work_id, requested_by=_operator())
+            result = replay(conn, work_id, requested_by=operator())
         except ReplayRefused as exc:
-            raise _fail(f"replay refused: {exc}") from exc
+            raise UserError(f"replay refused: {exc}") from exc
     click.echo(f"work item {result.work_id} is pending again (replay {result.replays})")
 
 
@@ -114,7 +95,7 @@ def drain_cmd(
     if not registry:
         click.echo("warning: no work types are registered; nothing can be claimed", err=True)
     report = drain(
-        _dsn(),
+        control_dsn(),
         registry,
         queue_classes=list(queue_classes) or None,
         registration_ids=list(registrations) or None,
@@ -133,20 +114,19 @@ def drain_cmd(
 @click.option("--route", "routes", multiple=True, help="ROUTE_ID=VERSION bound by the receipt (repeatable).")
 def activate_cmd(registration: str, revision: int, routes: tuple[str, ...]) -> None:
     """Write the activation receipt that makes a generation's work items claimable."""
-    from nexus_pipelines.control.db import connect
     from nexus_pipelines.workqueue.generations import GenerationGateError, activate
 
     route_versions: dict[str, int] = {}
     for spec in routes:
         route_id, sep, version = spec.partition("=")
         if not sep or not version.isdigit():
-            raise _fail(f"--route {spec!r} must look like ROUTE_ID=VERSION")
+            raise UserError(f"--route {spec!r} must look like ROUTE_ID=VERSION")
         route_versions[route_id] = int(version)
-    with connect(_dsn()) as conn:
+    with control_connection() as conn:
         try:
-            receipt = activate(conn, registration, revision, recorded_by=_operator(), route_versions=route_versions)
+            receipt = activate(conn, registration, revision, recorded_by=operator(), route_versions=route_versions)
         except GenerationGateError as exc:
-            raise _fail(f"activation refused: {exc}") from exc
+            raise UserError(f"activation refused: {exc}") from exc
     click.echo(f"{registration}@{revision} is active (activation receipt {receipt.receipt_id})")
 
 
@@ -155,14 +135,13 @@ def activate_cmd(registration: str, revision: int, routes: tuple[str, ...]) -> N
 @click.argument("revision", type=int)
 def quiesce_cmd(registration: str, revision: int) -> None:
     """Stop new claims for a generation; records the drain proof once its leases reach zero."""
-    from nexus_pipelines.control.db import connect
     from nexus_pipelines.workqueue.generations import GenerationGateError, quiesce, record_drained
 
-    with connect(_dsn()) as conn:
+    with control_connection() as conn:
         try:
-            status = quiesce(conn, registration, revision, recorded_by=_operator())
+            status = quiesce(conn, registration, revision, recorded_by=operator())
             if status.drained:
-                receipt = record_drained(conn, registration, revision, recorded_by=_operator())
+                receipt = record_drained(conn, registration, revision, recorded_by=operator())
                 click.echo(f"{registration}@{revision} is quiesced and drained (drain receipt {receipt.receipt_id})")
             else:
                 click.echo(
@@ -170,4 +149,4 @@ def quiesce_cmd(registration: str, revision: int) -> None:
                     f"{status.expired_leases} expired leases remain; run this again to record the drain proof"
                 )
         except GenerationGateError as exc:
-            raise _fail(f"quiesce refused: {exc}") from exc
+            raise UserError(f"quiesce refused: {exc}") from exc

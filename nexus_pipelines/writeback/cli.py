@@ -20,7 +20,7 @@ import click
 def run_job(job_name: str, config_path: str, dry_run: bool, run_id: str | None, retry_failed: bool,
             external_ids: tuple[str, ...], force: bool) -> None:
     """Run one writeback job end to end (lease, checks, preflight, batched upserts, ledger)."""
-    from nexus_pipelines.cli import UserError, _control_dsn
+    from nexus_pipelines.cli_common import UserError, control_dsn
     from nexus_pipelines.writeback.config import ConfigError, load_config
     from nexus_pipelines.writeback.execute import default_resources, run_in_process
     from nexus_pipelines.writeback.registry import UnknownJob, get_job
@@ -30,7 +30,7 @@ def run_job(job_name: str, config_path: str, dry_run: bool, run_id: str | None, 
         load_config(config_path)
     except (UnknownJob, ConfigError) as exc:
         raise UserError(str(exc.args[0] if isinstance(exc, UnknownJob) else exc)) from None
-    outcome = run_in_process(job_name, config_path, resources=default_resources(_control_dsn()), dry_run=dry_run,
+    outcome = run_in_process(job_name, config_path, resources=default_resources(control_dsn()), dry_run=dry_run,
                              run_id=run_id, retry_failed=retry_failed, external_ids=external_ids, force=force)
     click.echo(outcome.summary())
     sys.exit(outcome.exit_code)
