@@ -11,7 +11,8 @@ from dagster import Definitions, EnvVar
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
-from nexus_pipelines.workqueue import definitions as workqueue
+from nexus_pipelines import bindings
+from nexus_pipelines.workqueue.definitions import build_workqueue_defs
 from nexus_pipelines.writeback import definitions as writeback
 
 
@@ -27,6 +28,6 @@ def build_resources() -> dict:
 
 defs = Definitions.merge(
     Definitions(resources=build_resources()),
-    workqueue.workqueue_defs,
+    build_workqueue_defs(bindings.build_handler_registry, bindings.build_route_table, bindings.QUEUE_CLASSES),
     writeback.defs,
 )

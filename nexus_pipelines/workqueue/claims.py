@@ -373,6 +373,22 @@ RETURNING w.work_id, w.state
 """
 
 
+def lock_fence(conn: Connection, item: ClaimedItem) -> bool:
+    """Lock the item's row if the caller still holds it (token, running, lease unexpired).
+
+    A handler calls this first in the transaction that writes its effects: once it
+    returns True no reclaim or other claim can take the item until that transaction
+    ends, so a stale holder never writes; False means the lease is lost (write nothing).
+    """
+    row = conn.execute(
+        """SELECT 1 FROM connector_work_items
+            WHERE work_id = %s AND lease_token = %s AND state = 'running' AND lease_until > now()
+              FOR NO KEY UPDATE""",
+        (item.work_id, item.token),
+    ).fetchone()
+    return row is not None
+
+
 def renew(conn: Connection, fences: Iterable[tuple[int, int]], lease_ttl: timedelta) -> set[int]:
     """Extend the leases still held; returns the work_ids renewed (the others are lost)."""
     ids, tokens = _fence_arrays(fences)

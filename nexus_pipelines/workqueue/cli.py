@@ -88,23 +88,31 @@ def drain_cmd(
     lease_ttl_s: float,
 ) -> None:
     """Run one drain in this process with the code location's handler registry."""
-    from nexus_pipelines.workqueue.registry import build_handler_registry
+    from nexus_pipelines.bindings import build_handler_registry
+    from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.workqueue.worker import drain
 
-    registry = build_handler_registry()
-    if not registry:
-        click.echo("warning: no work types are registered; nothing can be claimed", err=True)
-    report = drain(
-        control_dsn(),
-        registry,
-        queue_classes=list(queue_classes) or None,
-        registration_ids=list(registrations) or None,
-        max_items=max_items,
-        time_budget_s=time_budget_s,
-        concurrency=concurrency,
-        claim_batch=claim_batch,
-        lease_ttl_s=lease_ttl_s,
-    )
+    dsn = control_dsn()
+    with control_connection(dsn):
+        pass  # an unreachable control plane is one line, before a pool waits out its timeout
+    pool = make_pool(dsn, max_size=concurrency + 2)
+    try:
+        registry = build_handler_registry(pool)
+        if not registry:
+            click.echo("warning: no work types are registered; nothing can be claimed", err=True)
+        report = drain(
+            pool,
+            registry,
+            queue_classes=list(queue_classes) or None,
+            registration_ids=list(registrations) or None,
+            max_items=max_items,
+            time_budget_s=time_budget_s,
+            concurrency=concurrency,
+            claim_batch=claim_batch,
+            lease_ttl_s=lease_ttl_s,
+        )
+    finally:
+        pool.close()
     click.echo(json.dumps(report.as_dict(), sort_keys=True))
 
 

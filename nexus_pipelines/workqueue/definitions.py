@@ -1,20 +1,34 @@
-"""The work queue's Dagster definitions (no resources: they come from the code location)."""
+"""The work queue's Dagster definitions, built with the code location's registries."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
+
 from dagster import Definitions, ScheduleDefinition
+from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.workqueue.assets import workqueue_health_spec
-from nexus_pipelines.workqueue.jobs import workqueue_drain_job, workqueue_health_job, workqueue_router_job
-from nexus_pipelines.workqueue.sensors import workqueue_drain_sensor, workqueue_router_sensor
+from nexus_pipelines.workqueue.handlers import HandlerRegistry
+from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job, workqueue_health_job
+from nexus_pipelines.workqueue.receipts import Route
+from nexus_pipelines.workqueue.registry import QUEUE_CLASSES, build_handler_registry, build_route_table
+from nexus_pipelines.workqueue.sensors import build_drain_sensor, build_router_sensor
 
-workqueue_health_schedule = ScheduleDefinition(
-    name="workqueue_health_every_5_minutes", job=workqueue_health_job, cron_schedule="*/5 * * * *"
-)
 
-workqueue_defs = Definitions(
-    assets=[workqueue_health_spec],
-    jobs=[workqueue_drain_job, workqueue_router_job, workqueue_health_job],
-    sensors=[workqueue_drain_sensor, workqueue_router_sensor],
-    schedules=[workqueue_health_schedule],
-)
+def build_workqueue_defs(
+    registry_factory: Callable[[ConnectionPool], HandlerRegistry] = build_handler_registry,
+    routes_factory: Callable[[], Mapping[str, Route]] = build_route_table,
+    queue_classes: Sequence[str] = QUEUE_CLASSES,
+) -> Definitions:
+    drain_job = build_drain_job(registry_factory)
+    router_job = build_router_job(routes_factory)
+    return Definitions(
+        assets=[workqueue_health_spec],
+        jobs=[drain_job, router_job, workqueue_health_job],
+        sensors=[build_drain_sensor(drain_job, queue_classes), build_router_sensor(router_job)],
+        schedules=[
+            ScheduleDefinition(
+                name="workqueue_health_every_5_minutes", job=workqueue_health_job, cron_schedule="*/5 * * * *"
+            )
+        ],
+    )

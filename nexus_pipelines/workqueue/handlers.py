@@ -1,9 +1,10 @@
 """The explicit work-type -> handler registry.
 
 A handler is a callable receiving the `ClaimedItem` (with its fencing token, so what
-it writes can be fenced or keyed by it). It returns an outcome string (or None for
-"succeeded"); raising `PermanentError` dead-letters the item, any other exception is
-a retryable failure. A handler should check `item.lease_lost.is_set()` between
+it writes can be fenced or keyed by it: `claims.lock_fence`). It returns an outcome
+string (or None for "succeeded"); raising `PermanentError` dead-letters the item,
+`RetryLater` retries it no sooner than the delay it names (a provider's Retry-After),
+any other exception is a retryable failure with the policy's backoff. A handler should check `item.lease_lost.is_set()` between
 steps: the worker sets it when a renewal finds the lease gone, and from then on the
 item's result is discarded.
 
@@ -22,6 +23,14 @@ Handler = Callable[[ClaimedItem], "str | None"]
 
 class PermanentError(Exception):
     """The item can never succeed as it is: dead-letter it without further retries."""
+
+
+class RetryLater(Exception):
+    """Retry the item, but not before `delay_s` seconds (the policy's backoff if longer)."""
+
+    def __init__(self, message: str, delay_s: float) -> None:
+        super().__init__(message)
+        self.delay_s = max(float(delay_s), 0.0)
 
 
 def _noop(item: ClaimedItem) -> None:

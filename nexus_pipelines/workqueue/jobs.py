@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from datetime import timedelta
 
 from dagster import Config, OpExecutionContext, Out, job, op
+from psycopg_pool import ConnectionPool
 from pydantic import Field
 
 from nexus_pipelines.control.resources import ControlPlaneResource
@@ -38,11 +39,13 @@ class RouterConfig(Config):
 
 
 def build_drain_job(
-    registry_factory: Callable[[], HandlerRegistry] = build_handler_registry, *, name: str = "workqueue_drain"
+    registry_factory: Callable[[ConnectionPool], HandlerRegistry] = build_handler_registry,
+    *,
+    name: str = "workqueue_drain",
 ):
     @op(name=f"{name}_op", out=Out(dict), description="Claim and run due work items until a budget is spent.")
     def drain_op(context: OpExecutionContext, config: DrainConfig, control_plane: ControlPlaneResource) -> dict:
-        registry = registry_factory()
+        registry = registry_factory(control_plane.pool())
         worker_id = f"dagster:{context.run_id[:8]}:{default_worker_id()}"
         context.log.info(
             f"draining work types {registry.work_types or '(none registered)'} "
@@ -121,7 +124,3 @@ def workqueue_health_op(context: OpExecutionContext, control_plane: ControlPlane
 @job(name="workqueue_health", description="Observe work queue health.")
 def workqueue_health_job():
     workqueue_health_op()
-
-
-workqueue_drain_job = build_drain_job()
-workqueue_router_job = build_router_job()

@@ -1,23 +1,25 @@
-"""The code location's explicit registries for the work queue.
+"""The work queue's empty registries, the defaults of its jobs, sensors and CLI.
 
-Domains add their work types here (work type -> handler), their receipt routes
-(route key -> Route) and the queue classes the drain sensor watches. Nothing is
-discovered dynamically.
+The code location binds the real ones (`nexus_pipelines/bindings.py`): work types with
+their handlers, receipt routes and queue classes of the domains that use the queue.
+`workqueue/` never imports those domains; its jobs take the factories as arguments.
+A handler registry factory receives the control-plane pool, since handlers write
+their effects to the control plane under the item's fence.
 """
 
 from __future__ import annotations
 
-from nexus_pipelines.workqueue.handlers import Handler, HandlerRegistry
+from psycopg_pool import ConnectionPool
+
+from nexus_pipelines.workqueue.handlers import HandlerRegistry
 from nexus_pipelines.workqueue.receipts import Route
 
-HANDLERS: dict[str, Handler] = {}
-ROUTES: dict[str, Route] = {}
 QUEUE_CLASSES: tuple[str, ...] = ("default",)
 
 
-def build_handler_registry() -> HandlerRegistry:
-    return HandlerRegistry(HANDLERS)
+def build_handler_registry(pool: ConnectionPool | None = None) -> HandlerRegistry:
+    return HandlerRegistry({})
 
 
 def build_route_table() -> dict[str, Route]:
-    return dict(ROUTES)
+    return {}

@@ -24,7 +24,7 @@ from dagster import (
 
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.workqueue import stats
-from nexus_pipelines.workqueue.jobs import DRAIN_TAG, ROUTER_TAG, workqueue_drain_job, workqueue_router_job
+from nexus_pipelines.workqueue.jobs import DRAIN_TAG, ROUTER_TAG
 from nexus_pipelines.workqueue.registry import QUEUE_CLASSES
 
 MAX_CONCURRENT_DRAINS = 4
@@ -61,7 +61,7 @@ def drain_requests(
     return requests
 
 
-def build_drain_sensor(job=workqueue_drain_job, queue_classes: Sequence[str] = QUEUE_CLASSES):
+def build_drain_sensor(job, queue_classes: Sequence[str] = QUEUE_CLASSES):
     @sensor(
         name=f"{job.name}_sensor",
         job=job,
@@ -85,7 +85,7 @@ def build_drain_sensor(job=workqueue_drain_job, queue_classes: Sequence[str] = Q
     return drain_sensor
 
 
-def build_router_sensor(job=workqueue_router_job):
+def build_router_sensor(job):
     @sensor(
         name=f"{job.name}_sensor",
         job=job,
@@ -105,7 +105,3 @@ def build_router_sensor(job=workqueue_router_job):
         return [RunRequest(run_key=f"{job.name}:{bucket}", tags={ROUTER_TAG: "router"})]
 
     return router_sensor
-
-
-workqueue_drain_sensor = build_drain_sensor()
-workqueue_router_sensor = build_router_sensor()

@@ -34,7 +34,7 @@ from psycopg_pool import ConnectionPool
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.claims import ClaimedItem, Failure
-from nexus_pipelines.workqueue.handlers import HandlerRegistry, PermanentError
+from nexus_pipelines.workqueue.handlers import HandlerRegistry, PermanentError, RetryLater
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
 
 
@@ -235,7 +235,7 @@ def drain(
                         item.token,
                         "permanent" if isinstance(exc, PermanentError) else type(exc).__name__,
                         summarize_exception(exc),
-                        retry_policy.delay(item.attempts),
+                        max(retry_policy.delay(item.attempts), exc.delay_s if isinstance(exc, RetryLater) else 0.0),
                         terminal=isinstance(exc, PermanentError),
                     )
                     for item, exc in failed

@@ -222,3 +222,23 @@ def test_unique_event_work_type(control_conn, reg):
             " SELECT event_id, registration_id, revision, work_type FROM connector_work_items WHERE registration_id = %s",
             (reg,),
         )
+
+
+def test_lock_fence_holds_only_for_the_current_token_and_blocks_a_reclaim(control_conn, control_dsn, reg):
+    from nexus_pipelines.control.db import connect
+
+    enqueue(control_conn, reg, items(1))
+    (item,) = claims.claim_batch(control_conn, owner="w", limit=1, lease_ttl=timedelta(seconds=30), registration_ids=[reg])
+    with connect(control_dsn) as handler_conn, handler_conn.transaction():
+        assert claims.lock_fence(handler_conn, item)
+        with connect(control_dsn) as other:
+            other.execute("SET lock_timeout = '200ms'")
+            try:
+                other.execute("UPDATE connector_work_items SET lease_until = now() WHERE work_id = %s", (item.work_id,))
+                blocked = False
+            except Exception:  # noqa: BLE001 - LockNotAvailable
+                blocked = True
+        assert blocked
+    stale = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__}, "token": item.token - 1})
+    with control_conn.transaction():
+        assert not claims.lock_fence(control_conn, stale)

@@ -29,7 +29,7 @@ def test_defs_load_with_the_work_queue():
 
 def test_drain_job_executes_in_process_and_observes_health(control_conn, control_dsn, reg):
     enqueue(control_conn, reg, items(7, "dagster.test"))
-    job = build_drain_job(lambda: HandlerRegistry({"dagster.test": _handler}), name="test_drain")
+    job = build_drain_job(lambda pool: HandlerRegistry({"dagster.test": _handler}), name="test_drain")
     instance = DagsterInstance.ephemeral()
     result = job.execute_in_process(
         run_config={"ops": {"test_drain_op": {"config": {"registration_ids": [reg], "concurrency": 2, "time_budget_s": 30}}}},

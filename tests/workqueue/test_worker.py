@@ -154,3 +154,20 @@ def test_a_claim_that_lost_a_lane_race_does_not_end_the_drain_as_idle(control_co
     report = drain(control_dsn, HandlerRegistry({"r": lambda item: "done"}), registration_ids=[reg], time_budget_s=20)
     assert report.completed == 3 and report.stopped == "idle"
     assert states(control_conn, reg) == {"completed": 3}
+
+
+def test_retry_later_waits_at_least_the_delay_the_handler_names(control_conn, control_dsn, reg):
+    from nexus_pipelines.workqueue.handlers import RetryLater
+
+    enqueue(control_conn, reg, items(1, "throttled"))
+
+    def throttled(item):
+        raise RetryLater("provider asked to wait", 600)
+
+    report = drain(control_dsn, HandlerRegistry({"throttled": throttled}), registration_ids=[reg], retry_policy=FAST,
+                   time_budget_s=10)
+    assert report.retried == 1
+    (wait_s,) = control_conn.execute(
+        "SELECT extract(epoch FROM run_after - now()) FROM connector_work_items WHERE registration_id = %s", (reg,)
+    ).fetchone()
+    assert 590 < wait_s <= 600

@@ -1,0 +1,23 @@
+"""The code location's bindings of the work queue: which work types, receipt routes and
+queue classes exist, and the handlers that run them.
+
+This is the one place that joins the queue with the domains that give it work, so
+`workqueue/` never imports them. `definitions.py` and the CLI both build from here.
+"""
+
+from __future__ import annotations
+
+from psycopg_pool import ConnectionPool
+
+from nexus_pipelines.workqueue.handlers import HandlerRegistry
+from nexus_pipelines.workqueue.receipts import Route
+
+QUEUE_CLASSES: tuple[str, ...] = ("default",)
+
+
+def build_handler_registry(pool: ConnectionPool) -> HandlerRegistry:
+    return HandlerRegistry({})
+
+
+def build_route_table() -> dict[str, Route]:
+    return {}
