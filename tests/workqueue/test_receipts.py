@@ -193,3 +193,20 @@ def test_router_that_keeps_dying_reaches_terminal_failure(control_conn, reg):
         "SELECT routing_status, routing_error_class FROM ingress_receipts WHERE receipt_id = %s", (rid,)
     ).fetchone()
     assert (status, error_class) == ("failed", "attempts_exhausted")
+
+
+def test_bulk_admission_skips_redeliveries_and_routes_like_single_admission(control_conn, reg):
+    from datetime import datetime, timezone
+
+    from nexus_pipelines.workqueue.receipts import admit_receipts, payload_hash
+
+    now = datetime.now(timezone.utc)
+    batch = [ReceiptIn(registration_id=reg, revision=1, namespace="poll", delivery_id=f"d{i}", route_key="k",
+                       received_at=now, body={"n": i}) for i in range(3)]
+    assert admit_receipts(control_conn, batch) == 3
+    assert admit_receipts(control_conn, batch[1:] + [batch[0].model_copy(update={"delivery_id": "d9"})]) == 1
+    rows = control_conn.execute(
+        "SELECT delivery_id, routing_status, payload_hash FROM ingress_receipts WHERE registration_id = %s"
+        " ORDER BY receipt_id", (reg,)).fetchall()
+    assert [r[0] for r in rows] == ["d0", "d1", "d2", "d9"] and {r[1] for r in rows} == {"pending"}
+    assert rows[0][2] == payload_hash({"n": 0})
