@@ -3,12 +3,17 @@ queue classes exist, and the handlers that run them.
 
 This is the one place that joins the queue with the domains that give it work, so
 `workqueue/` never imports them. `definitions.py` and the CLI both build from here.
+Today the connectors give the queue its work: `ticket.observe` (routed from the poll's
+ingress receipts) and `issue.close` (created with an accepted success proof).
 """
 
 from __future__ import annotations
 
 from psycopg_pool import ConnectionPool
 
+from nexus_pipelines.connectors.core.compose import CachedComposer
+from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
 from nexus_pipelines.workqueue.receipts import Route
 
@@ -16,8 +21,8 @@ QUEUE_CLASSES: tuple[str, ...] = ("default",)
 
 
 def build_handler_registry(pool: ConnectionPool) -> HandlerRegistry:
-    return HandlerRegistry({})
+    return HandlerRegistry(TicketHandlers(pool, REGISTRY, CachedComposer(REGISTRY)).as_dict())
 
 
 def build_route_table() -> dict[str, Route]:
-    return {}
+    return {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE}

@@ -11,6 +11,7 @@ bounds the length, which is what every summary and error message wants.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 
@@ -64,6 +65,36 @@ def redact(text: str) -> str:
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
     return text
+
+
+_TOKEN_PREFIXES = re.compile(
+    r"^(glpat-|gldt-|glrt-|glptt-|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|xox[abpr]-|sk_live_|AKIA[0-9A-Z]{12})"
+)
+_OPAQUE = re.compile(r"^[A-Za-z0-9+/=_-]{24,}$")
+
+
+def looks_like_secret(value: str) -> bool:
+    """True for a literal that is probably a credential: a known token prefix, a JWT, a PEM
+    block, a URL with a password, or a long high-entropy opaque string (configs must hold
+    references instead)."""
+    value = value.strip()
+    if _TOKEN_PREFIXES.match(value) or "PRIVATE KEY-----" in value or value.startswith("eyJ"):
+        return True
+    if re.search(r"://[^/\s:@]+:[^/\s@]+@", value):
+        return True
+    if _OPAQUE.match(value) and re.search(r"\d", value) and re.search(r"[A-Za-z]", value):
+        return _entropy_bits(value) >= 3.5
+    return False
+
+
+def _entropy_bits(value: str) -> float:
+    counts = {c: value.count(c) for c in set(value)}
+    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+
+
+def contains_registered_secret(text: str) -> bool:
+    with _known_lock:
+        return any(value in text for value in _known)
 
 
 def one_line(text: object, limit: int = 500) -> str:

@@ -27,6 +27,22 @@ class EgressRefused(httpx.TransportError):
     """A request named an origin this client may not call; nothing was sent."""
 
 
+LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def check_service_url(url: str, *, local_mode: bool) -> str:
+    """An absolute https URL with no credentials, query or fragment; plain http only to a
+    loopback host in local mode (the simulators). Returns it without a trailing slash."""
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("https", "http") or not parsed.host:
+        raise ValueError("must be an absolute http(s) URL")
+    if parsed.userinfo or parsed.query or parsed.fragment:
+        raise ValueError("must not carry credentials, a query or a fragment")
+    if parsed.scheme == "http" and not (local_mode and parsed.host in LOOPBACK_HOSTS):
+        raise ValueError("must use https (plain http only to a loopback host with local_mode: true)")
+    return url.rstrip("/")
+
+
 def origin_of(url: str | httpx.URL) -> str:
     """`scheme://host:port` with the default port made explicit."""
     url = httpx.URL(url)

@@ -1,0 +1,328 @@
+"""Postgres persistence of connector state: registration revisions, per-revision progress
+with its fenced poll lease, and the page commit (CX-01, CX-03, CX-04).
+
+A poll claim takes one due revision of an active registration with `FOR UPDATE SKIP
+LOCKED`, a fresh token from the shared `fencing_tokens` sequence and a lease deadline
+from the database clock. `commit_page` writes one ingress receipt per delivered issue
+version and the adapter's next cursor in one transaction that first re-checks the
+token, so an expired or stale poller writes nothing. Failures are scheduled durably
+(`record_failure`) under the same fence, separate from the in-request retries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
+from nexus_pipelines.connectors.core.registry import ConnectorRegistry
+from nexus_pipelines.redaction import one_line
+from nexus_pipelines.workqueue.receipts import ReceiptIn, admit_receipts
+
+POLL_NAMESPACE = "issue-poll"
+OBSERVE_ROUTE_KEY = "ticket.observe"
+
+
+class PollLeaseLost(RuntimeError):
+    """The poll claim's token is no longer current; nothing was written."""
+
+
+@dataclass(frozen=True)
+class StoredRevision:
+    registration: Registration
+    revision_no: int
+    status: str
+
+
+@dataclass(frozen=True)
+class PollClaim:
+    registration: Registration
+    revision_no: int
+    owner: str
+    token: int
+    lease_until: datetime
+    cursor: str | None
+    failure_count: int
+
+
+# -- registrations -------------------------------------------------------------------
+
+
+def _lock_key(conn: Connection, tenant: str, key: str) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('connector-registration:' || %s, 0))",
+                 (f"{tenant}/{key}",))
+
+
+def register(conn: Connection, registration: Registration) -> StoredRevision:
+    """Record a revision (idempotent by digest); a new digest gets the next revision number."""
+    with conn.transaction():
+        _lock_key(conn, registration.tenant, registration.key)
+        row = conn.execute(
+            """SELECT revision_no, status FROM connector_registrations
+                WHERE tenant = %s AND registration_key = %s AND digest = %s""",
+            (registration.tenant, registration.key, registration.digest),
+        ).fetchone()
+        if row is not None:
+            return StoredRevision(registration, row[0], row[1])
+        (revision_no,) = conn.execute(
+            """INSERT INTO connector_registrations (tenant, registration_key, revision_id, revision_no, digest,
+                                                    connector_kind, schema_id, project, config)
+               SELECT %(tenant)s, %(key)s, %(revision_id)s, coalesce(max(revision_no), 0) + 1, %(digest)s,
+                      %(kind)s, %(schema)s, %(project)s, %(config)s
+                 FROM connector_registrations WHERE tenant = %(tenant)s AND registration_key = %(key)s
+               RETURNING revision_no""",
+            {
+                "tenant": registration.tenant, "key": registration.key, "revision_id": registration.revision_id,
+                "digest": registration.digest, "kind": registration.kind, "schema": registration.schema_id,
+                "project": registration.project, "config": Jsonb(registration.canonical()),
+            },
+        ).fetchone()
+        return StoredRevision(registration, revision_no, "registered")
+
+
+def _stored(row: tuple, registry: ConnectorRegistry) -> StoredRevision:
+    config, digest, revision_no, status = row
+    registration = from_canonical(config, registry)
+    if registration.digest != digest:
+        raise RegistrationError(f"stored revision {registration.revision_id} no longer matches its digest")
+    return StoredRevision(registration, revision_no, status)
+
+
+_REVISION_COLUMNS = "config, digest, revision_no, status"
+
+
+def revision_by_number(conn: Connection, registry: ConnectorRegistry, registration_id: str,
+                       revision_no: int) -> StoredRevision | None:
+    tenant, _, key = registration_id.partition("/")
+    row = conn.execute(
+        f"""SELECT {_REVISION_COLUMNS} FROM connector_registrations
+             WHERE tenant = %s AND registration_key = %s AND revision_no = %s""",
+        (tenant, key, revision_no),
+    ).fetchone()
+    return _stored(row, registry) if row else None
+
+
+def revisions(conn: Connection, registry: ConnectorRegistry, registration_id: str) -> list[StoredRevision]:
+    tenant, _, key = registration_id.partition("/")
+    rows = conn.execute(
+        f"""SELECT {_REVISION_COLUMNS} FROM connector_registrations
+             WHERE tenant = %s AND registration_key = %s ORDER BY revision_no""",
+        (tenant, key),
+    ).fetchall()
+    return [_stored(r, registry) for r in rows]
+
+
+def set_status(conn: Connection, registration: Registration, status: str) -> None:
+    stamp = {"active": "activated_at", "retired": "retired_at"}.get(status)
+    conn.execute(
+        f"""UPDATE connector_registrations SET status = %s{f', {stamp} = clock_timestamp()' if stamp else ''}
+             WHERE tenant = %s AND registration_key = %s AND revision_id = %s""",
+        (status, registration.tenant, registration.key, registration.revision_id),
+    )
+
+
+def ensure_progress(conn: Connection, registration: Registration) -> None:
+    """A revision starts from no cursor, due at once; it never inherits another revision's cursor."""
+    conn.execute(
+        """INSERT INTO connector_progress (tenant, registration_key, revision_id) VALUES (%s, %s, %s)
+           ON CONFLICT DO NOTHING""",
+        (registration.tenant, registration.key, registration.revision_id),
+    )
+
+
+def poll_lease_held(conn: Connection, registration: Registration) -> bool:
+    row = conn.execute(
+        """SELECT lease_until > now() FROM connector_progress
+            WHERE tenant = %s AND registration_key = %s AND revision_id = %s AND lease_until IS NOT NULL""",
+        (registration.tenant, registration.key, registration.revision_id),
+    ).fetchone()
+    return bool(row and row[0])
+
+
+# -- poll claims ----------------------------------------------------------------------
+
+_CLAIM = """
+WITH due AS (
+    SELECT p.tenant, p.registration_key, p.revision_id
+      FROM connector_progress p
+      JOIN connector_registrations r USING (tenant, registration_key, revision_id)
+     WHERE r.status = 'active'
+       AND p.next_poll_at <= now()
+       AND (p.lease_until IS NULL OR p.lease_until <= now())
+       {only}
+     ORDER BY p.next_poll_at
+     LIMIT 1
+       FOR UPDATE OF p SKIP LOCKED
+)
+UPDATE connector_progress p
+   SET lease_owner = %(owner)s, lease_token = nextval('fencing_tokens'), lease_until = now() + %(ttl)s,
+       updated_at = now()
+  FROM due, connector_registrations r
+ WHERE (p.tenant, p.registration_key, p.revision_id) = (due.tenant, due.registration_key, due.revision_id)
+   AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
+RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count
+"""
+
+
+def claim_due(conn: Connection, registry: ConnectorRegistry, *, owner: str, ttl: timedelta,
+              registration_ids: Sequence[str] | None = None) -> PollClaim | None:
+    """Take the poll lease of one due revision of an active registration, or None."""
+    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if registration_ids else ""
+    row = conn.execute(_CLAIM.format(only=only),
+                       {"owner": owner, "ttl": ttl, "only": list(registration_ids or [])}).fetchone()
+    if row is None:
+        return None
+    stored = _stored(row[:4], registry)
+    return PollClaim(stored.registration, stored.revision_no, owner, row[4], row[5], row[6], row[7])
+
+
+_HOLD = """
+SELECT 1 FROM connector_progress
+ WHERE tenant = %s AND registration_key = %s AND revision_id = %s
+   AND lease_token = %s AND lease_until > now()
+   FOR UPDATE
+"""
+
+
+def _hold(conn: Connection, claim: PollClaim) -> None:
+    r = claim.registration
+    if conn.execute(_HOLD, (r.tenant, r.key, r.revision_id, claim.token)).fetchone() is None:
+        raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
+
+
+@dataclass(frozen=True)
+class IssueVersion:
+    """One delivered issue version, as core admits it: the normalized issue and its digest."""
+
+    external_ref: str
+    updated_at: datetime
+    digest: str
+    body: dict
+
+
+def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
+                exhausted: bool) -> int:
+    """Admit one receipt per issue version and advance the cursor, atomically and fenced.
+
+    Returns how many receipts were new (an unchanged re-poll admits none). Raises
+    PollLeaseLost, writing nothing, when the claim is no longer current.
+    """
+    r = claim.registration
+    with conn.transaction():
+        _hold(conn, claim)
+        admitted = admit_receipts(conn, [
+            ReceiptIn(
+                registration_id=r.registration_id, revision=claim.revision_no, namespace=POLL_NAMESPACE,
+                delivery_id=f"{v.external_ref}@{v.updated_at.isoformat()}#{v.digest.removeprefix('sha256:')[:16]}",
+                route_key=OBSERVE_ROUTE_KEY, received_at=v.updated_at, event_kind="issue_version",
+                correlation={"external_ref": v.external_ref, "revision_id": r.revision_id}, body=v.body,
+            )
+            for v in versions
+        ])
+        conn.execute(
+            """UPDATE connector_progress
+                  SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
+                      next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s)
+                                          ELSE now() END,
+                      lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
+                      pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+                WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+                  AND lease_token = %(token)s""",
+            {"cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
+             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
+        )
+    return admitted
+
+
+def record_failure(conn: Connection, claim: PollClaim, *, failure_class: str, reason: str, detail: str,
+                   delay_s: float) -> None:
+    """Count the failure and schedule the next poll `delay_s` from now; the cursor stays put."""
+    r = claim.registration
+    with conn.transaction():
+        _hold(conn, claim)
+        conn.execute(
+            """UPDATE connector_progress
+                  SET failure_count = failure_count + 1, last_failure_class = %(cls)s, last_failure_reason = %(reason)s,
+                      last_failure_detail = %(detail)s, last_failure_at = now(),
+                      next_poll_at = now() + make_interval(secs => %(delay)s),
+                      lease_owner = NULL, lease_until = NULL, updated_at = now()
+                WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+                  AND lease_token = %(token)s""",
+            {"cls": failure_class, "reason": reason, "detail": one_line(detail, 300), "delay": max(delay_s, 0.0),
+             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
+        )
+
+
+def release(conn: Connection, claim: PollClaim) -> bool:
+    """Give the poll lease back unchanged (the run stopped before fetching)."""
+    r = claim.registration
+    return conn.execute(
+        """UPDATE connector_progress SET lease_owner = NULL, lease_until = NULL, updated_at = now()
+            WHERE tenant = %s AND registration_key = %s AND revision_id = %s AND lease_token = %s""",
+        (r.tenant, r.key, r.revision_id, claim.token),
+    ).rowcount == 1
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    registration_id: str
+    revision_id: str
+    revision_no: int
+    kind: str
+    status: str
+    cursor: str | None
+    exhausted: bool
+    next_poll_at: datetime
+    leased: bool
+    failure_count: int
+    last_failure: str | None
+    last_success_at: datetime | None
+    pages: int
+    issues_delivered: int
+
+
+def progress(conn: Connection, registration_ids: Sequence[str] | None = None) -> list[ProgressView]:
+    only = "WHERE (r.tenant || '/' || r.registration_key) = ANY(%s::text[])" if registration_ids else ""
+    rows = conn.execute(
+        f"""SELECT r.tenant || '/' || r.registration_key, r.revision_id, r.revision_no, r.connector_kind, r.status,
+                   p.cursor_token, coalesce(p.exhausted, false), coalesce(p.next_poll_at, now()),
+                   coalesce(p.lease_until > now(), false), coalesce(p.failure_count, 0),
+                   CASE WHEN p.last_failure_reason IS NOT NULL
+                        THEN p.last_failure_reason || ': ' || coalesce(p.last_failure_detail, '') END,
+                   p.last_success_at, coalesce(p.pages, 0), coalesce(p.issues_delivered, 0)
+              FROM connector_registrations r
+              LEFT JOIN connector_progress p USING (tenant, registration_key, revision_id)
+              {only}
+             ORDER BY 1, r.revision_no""",
+        (list(registration_ids),) if registration_ids else (),
+    ).fetchall()
+    return [ProgressView(*row) for row in rows]
+
+
+def due_registrations(conn: Connection, limit: int = 1000) -> list[tuple[str, str, int]]:
+    """(registration id, revision id, revision no) of active revisions due for a poll: the sensor's probe."""
+    return conn.execute(
+        """SELECT p.tenant || '/' || p.registration_key, p.revision_id, r.revision_no
+             FROM connector_progress p
+             JOIN connector_registrations r USING (tenant, registration_key, revision_id)
+            WHERE r.status = 'active' AND p.next_poll_at <= now()
+              AND (p.lease_until IS NULL OR p.lease_until <= now())
+            ORDER BY p.next_poll_at LIMIT %s""",
+        (limit,),
+    ).fetchall()
+
+
+def request_poll(conn: Connection, registration_ids: Sequence[str] | None = None) -> int:
+    """Make active revisions due now (a manual poll); a held lease is left alone."""
+    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%s::text[])" if registration_ids else ""
+    return conn.execute(
+        f"""UPDATE connector_progress p SET next_poll_at = now(), updated_at = now()
+              FROM connector_registrations r
+             WHERE (r.tenant, r.registration_key, r.revision_id) = (p.tenant, p.registration_key, p.revision_id)
+               AND r.status = 'active' {only}""",
+        (list(registration_ids),) if registration_ids else (),
+    ).rowcount

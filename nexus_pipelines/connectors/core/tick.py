@@ -1,0 +1,213 @@
+"""One bounded poll tick under a leased, fenced claim (CX-03), and the loop a poll run is.
+
+A tick claims one due registration revision, fetches at most one page through the
+retry executor, checks the page against the seam (connector kind, identities, cursor
+bounds, no secret in the cursor), and commits receipts plus the advanced cursor under
+the claim's fence, or records the failure and its durable retry time. The outbound
+side (close commands) is not part of a tick here: close commands are `issue.close`
+work items, which the work queue's drains execute under their own fenced claims.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+
+from psycopg import Connection
+
+from nexus_pipelines.backoff import capped_exponential
+from nexus_pipelines.connectors.core import store
+from nexus_pipelines.connectors.core.executor import RetryExecutor
+from nexus_pipelines.connectors.core.protocol import IssueConnector
+from nexus_pipelines.connectors.core.registration import Registration
+from nexus_pipelines.connectors.core.registry import ConnectorRegistry
+from nexus_pipelines.connectors.core.values import (
+    ExternalIssue,
+    ExternalIssuePage,
+    FetchFailure,
+    FetchIssuePage,
+    source_version_digest,
+)
+from nexus_pipelines.redaction import contains_registered_secret, describe_exception
+
+# Durable schedule after a failed tick (separate from the in-request retries):
+RETRYABLE_BACKOFF = (5.0, 900.0)  # base, cap seconds
+TERMINAL_BACKOFF = (60.0, 3600.0)
+
+Composer = Callable[[Registration], IssueConnector]
+
+
+def failure_delay(failure_count: int, retry_class: str, retry_after: float | None,
+                  rng: random.Random | None = None) -> float:
+    """Seconds until the next poll after the n-th consecutive failure (n >= 1)."""
+    base, cap = RETRYABLE_BACKOFF if retry_class == "retryable" else TERMINAL_BACKOFF
+    delay = capped_exponential(failure_count, base, cap) * (0.5 + 0.5 * (rng or random).random())
+    return max(delay, retry_after or 0.0)
+
+
+@dataclass
+class TickReport:
+    registration_id: str
+    revision_id: str
+    outcome: str  # page | failure | lost
+    issues: int = 0
+    admitted: int = 0  # new receipts (issue versions not seen before)
+    excluded: int = 0
+    exhausted: bool = False
+    cursor: str | None = None
+    attempts: int = 0
+    sleeps_s: float = 0.0
+    failure: str | None = None
+    failure_class: str | None = None
+    retry_in_s: float | None = None
+    fetch_s: float = 0.0
+    commit_s: float = 0.0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _check_page(page: ExternalIssuePage, registration: Registration) -> str | None:
+    """The seam's rules core enforces on every page; a violation is terminal."""
+    for issue in page.issues:
+        if issue.connector_kind != registration.kind:
+            return f"an issue of kind {issue.connector_kind!r} came from a {registration.kind!r} connector"
+    refs = [i.external_ref for i in page.issues]
+    if len(set(refs)) != len(refs):
+        return "a page delivered the same issue twice"
+    if contains_registered_secret(page.next_cursor):
+        return "the cursor token contains a credential"
+    return None
+
+
+def run_tick(
+    conn: Connection,
+    registry: ConnectorRegistry,
+    compose: Composer,
+    *,
+    owner: str,
+    executor: RetryExecutor,
+    lease_ttl: timedelta = timedelta(seconds=60),
+    registration_ids: Sequence[str] | None = None,
+    rng: random.Random | None = None,
+) -> TickReport | None:
+    """Claim and run one tick; None when no revision is due."""
+    claim = store.claim_due(conn, registry, owner=owner, ttl=lease_ttl, registration_ids=registration_ids)
+    if claim is None:
+        return None
+    registration = claim.registration
+    report = TickReport(registration.registration_id, registration.revision_id, "page")
+    try:
+        adapter = compose(registration)
+    except Exception as exc:  # noqa: BLE001 - a composition failure is a durable, visible failure
+        return _fail(conn, claim, report, "terminal", "composition_failed", describe_exception(exc, 300), None, rng)
+    started = time.perf_counter()
+    result, log = executor.fetch(adapter, FetchIssuePage(cursor=claim.cursor, page_size=registration.page_size))
+    report.fetch_s = time.perf_counter() - started
+    report.attempts, report.sleeps_s = log.attempts, sum(log.sleeps)
+    if isinstance(result, FetchFailure):
+        return _fail(conn, claim, report, result.retry_class, result.reason, result.detail,
+                     result.retry_after_seconds, rng)
+    problem = _check_page(result, registration)
+    if problem:
+        return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng)
+    versions = [_version(issue, registration) for issue in result.issues]
+    started = time.perf_counter()
+    try:
+        report.admitted = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor,
+                                            exhausted=result.exhausted)
+    except store.PollLeaseLost as exc:
+        report.outcome, report.failure = "lost", str(exc)
+        return report
+    report.commit_s = time.perf_counter() - started
+    report.issues, report.excluded = len(result.issues), result.excluded
+    report.exhausted, report.cursor = result.exhausted, result.next_cursor
+    return report
+
+
+def _version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
+    """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
+    labels, the revision and ticket project it was polled for)."""
+    digest = source_version_digest(issue)
+    body = {
+        "issue": issue.model_dump(mode="json"),
+        "digest": digest,
+        "labels": list(registration.map_labels(issue.source_labels)),
+        "revision_id": registration.revision_id,
+        "project": registration.project,
+    }
+    return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, body)
+
+
+def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_class: str, reason: str, detail: str,
+          retry_after: float | None, rng: random.Random | None) -> TickReport:
+    delay = failure_delay(claim.failure_count + 1, retry_class, retry_after, rng)
+    report.outcome, report.failure_class, report.failure = "failure", retry_class, f"{reason}: {detail}".rstrip(": ")
+    report.retry_in_s = round(delay, 3)
+    try:
+        store.record_failure(conn, claim, failure_class=retry_class, reason=reason, detail=detail, delay_s=delay)
+    except store.PollLeaseLost as exc:
+        report.outcome, report.failure = "lost", str(exc)
+    return report
+
+
+@dataclass
+class PollRunReport:
+    ticks: list[TickReport] = field(default_factory=list)
+    stopped: str = ""
+
+    @property
+    def totals(self) -> dict[str, int]:
+        pages = [t for t in self.ticks if t.outcome == "page"]
+        return {
+            "ticks": len(self.ticks),
+            "pages": len(pages),
+            "issues_seen": sum(t.issues for t in pages),
+            "admitted": sum(t.admitted for t in pages),
+            "unchanged": sum(t.issues - t.admitted for t in pages),
+            "excluded": sum(t.excluded for t in pages),
+            "failures": sum(1 for t in self.ticks if t.outcome == "failure"),
+            "lost": sum(1 for t in self.ticks if t.outcome == "lost"),
+            "attempts": sum(t.attempts for t in self.ticks),
+        }
+
+
+def poll(
+    conn: Connection,
+    registry: ConnectorRegistry,
+    compose: Composer,
+    *,
+    owner: str,
+    executor: RetryExecutor,
+    registration_ids: Sequence[str] | None = None,
+    max_ticks: int = 1000,
+    time_budget_s: float = 300.0,
+    lease_ttl: timedelta = timedelta(seconds=60),
+    on_tick: Callable[[TickReport], None] | None = None,
+) -> PollRunReport:
+    """Run ticks until nothing is due, a failure stops the revision, or a budget is spent.
+
+    Each tick is its own claim with a fresh fence; a revision whose scan is not exhausted
+    is due again at once, so one run walks a full sync page by page.
+    """
+    run = PollRunReport()
+    deadline = time.monotonic() + time_budget_s
+    while True:
+        if len(run.ticks) >= max_ticks:
+            run.stopped = "max_ticks"
+            break
+        if time.monotonic() >= deadline:
+            run.stopped = "time_budget"
+            break
+        report = run_tick(conn, registry, compose, owner=owner, executor=executor, lease_ttl=lease_ttl,
+                          registration_ids=registration_ids)
+        if report is None:
+            run.stopped = "idle"
+            break
+        run.ticks.append(report)
+        if on_tick is not None:
+            on_tick(report)
+    return run

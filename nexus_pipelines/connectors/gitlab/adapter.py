@@ -1,0 +1,414 @@
+"""The GitLab Issues adapter: transport, strict payloads, mapping, cursor and reconciliation.
+
+Listing: `GET /projects/:id/issues?pagination=keyset&order_by=updated_at&sort=asc`
+with `updated_after` (inclusive) and `per_page` = the core's page bound; one request
+per invocation. Identity: `gitlab:<project id>:<iid>` (the project path is
+presentation only). Close-back: a note carrying the marker, then `PUT` with
+`state_event=close`. A write whose outcome the transport cannot prove (a timeout, a
+reset or dropped connection, a 5xx, a body that does not parse) is reconciled before
+the invocation returns: the issue's notes are searched for the exact marker (and, for
+the close, the issue's state is read). A 3xx (a moved project) is never followed.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.values import (
+    AmbiguousWrite,
+    CloseExternalIssue,
+    CloseExternalIssueResult,
+    CloseFailure,
+    ConnectorAttempt,
+    ConnectorReceipt,
+    ExternalIssue,
+    ExternalIssuePage,
+    FetchFailure,
+    FetchIssuePage,
+    FetchIssuePageResult,
+)
+from nexus_pipelines.connectors.gitlab.config import GitLabConfig
+from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
+from nexus_pipelines.integrations.http import (
+    ENDPOINT,
+    EgressRefused,
+    HeaderTokenAuth,
+    bounded_timeout,
+    make_client,
+    origin_of,
+    parse_retry_after,
+)
+from nexus_pipelines.redaction import one_line
+
+KIND = "gitlab"
+MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
+
+
+# -- strict raw payloads (only what is mapped; GitLab sends many more keys) -------------
+
+_RAW = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class _Author(BaseModel):
+    model_config = _RAW
+    id: int
+    username: str
+    name: str
+
+
+class _Issue(BaseModel):
+    model_config = _RAW
+    id: int
+    iid: int = Field(gt=0)
+    project_id: int
+    title: str
+    description: str | None
+    state: Literal["opened", "closed"]
+    updated_at: datetime
+    labels: list[str]
+    author: _Author
+    web_url: str
+    issue_type: Literal["issue", "incident", "test_case", "task"]
+
+
+class _Note(BaseModel):
+    model_config = _RAW
+    id: int
+    body: str
+    system: bool
+
+
+_ISSUES = TypeAdapter(list[_Issue])
+_NOTES = TypeAdapter(list[_Note])
+_ONE_ISSUE = TypeAdapter(_Issue)
+
+
+# -- classification (one table for fetch and close) ------------------------------------
+
+@dataclass(frozen=True)
+class _Problem:
+    retry_class: str
+    reason: str
+    detail: str
+    retry_after: float | None = None
+    maybe_written: bool = False  # for writes: the request may have been applied
+
+
+def _exception_problem(exc: Exception) -> _Problem:
+    name = type(exc).__name__
+    if isinstance(exc, EgressRefused):
+        return _Problem("terminal", "contract_violation", one_line(str(exc), 200))
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return _Problem("retryable", "timeout", f"{name}: nothing was sent")
+    if isinstance(exc, httpx.TimeoutException):
+        return _Problem("retryable", "timeout", name, maybe_written=True)
+    if isinstance(exc, httpx.ConnectError):
+        return _Problem("retryable", "transport_connect", f"{name}: the connection was refused", maybe_written=False)
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return _Problem("retryable", "transport_protocol", name, maybe_written=True)
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        return _Problem("retryable", "transport_read", name, maybe_written=True)
+    if isinstance(exc, httpx.DecodingError):
+        return _Problem("retryable", "transport_protocol", name, maybe_written=True)
+    if isinstance(exc, httpx.TransportError):
+        return _Problem("retryable", "transport_connect", name, maybe_written=True)
+    raise exc  # a programming error: core turns it into a contract violation
+
+
+def _throttle_wait(response: httpx.Response) -> float | None:
+    wait = parse_retry_after(response.headers.get("Retry-After"))
+    if wait is not None:
+        return wait
+    reset, date = response.headers.get("RateLimit-Reset", ""), response.headers.get("Date")
+    if reset.isdigit() and date:
+        try:
+            return max(float(reset) - email.utils.parsedate_to_datetime(date).timestamp(), 0.0)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _status_problem(response: httpx.Response, what: str) -> _Problem:
+    status = response.status_code
+    if 300 <= status < 400:
+        where = origin_of(response.headers.get("Location", "")) if response.headers.get("Location") else "elsewhere"
+        return _Problem("terminal", "ordinary_4xx",
+                        f"{what}: HTTP {status} to {where} (the project moved?); redirects are never followed, "
+                        "check provider.project_id")
+    if status == 401:
+        return _Problem("terminal", "authentication", f"{what}: HTTP 401; the project access token is invalid, "
+                                                      "expired or revoked")
+    if status == 403:
+        return _Problem("terminal", "authorization", f"{what}: HTTP 403; the token lacks the api scope or the "
+                                                     "Planner role")
+    if status == 429:
+        return _Problem("retryable", "throttled", f"{what}: HTTP 429", _throttle_wait(response))
+    if status == 408:
+        return _Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
+    if status >= 500:
+        return _Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
+    return _Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
+
+
+def _fetch_failure(problem: _Problem) -> FetchFailure:
+    return FetchFailure(retry_class=problem.retry_class, reason=problem.reason, detail=problem.detail[:300],
+                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+
+
+def _close_failure(problem: _Problem, disposition: str = "not_written") -> CloseFailure:
+    return CloseFailure(retry_class=problem.retry_class, reason=problem.reason, write_disposition=disposition,
+                        detail=problem.detail[:300],
+                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+
+
+def _next_link(response: httpx.Response) -> str | None:
+    for part in response.headers.get("Link", "").split(","):
+        url, _, params = part.strip().partition(";")
+        if 'rel="next"' in params.replace(" ", ""):
+            return url.strip().strip("<>")
+    return None
+
+
+def _served_at(response: httpx.Response) -> datetime | None:
+    try:
+        return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class _Deadline:
+    """The invocation's own view of its budget: every request's timeout fits inside it."""
+
+    def __init__(self, attempt: ConnectorAttempt) -> None:
+        self._end = time.monotonic() + attempt.deadline_remaining_milliseconds / 1000.0
+
+    def timeout(self) -> httpx.Timeout | None:
+        remaining_ms = int((self._end - time.monotonic()) * 1000)
+        return bounded_timeout(remaining_ms) if remaining_ms >= 1 else None
+
+
+@dataclass(frozen=True)
+class _Lookup:
+    found: str | None = None  # the note id carrying the marker
+    problem: _Problem | None = None  # set when the lookup could not tell
+
+
+class GitLabConnector:
+    """One composed GitLab registration: its pinned config and process-local token."""
+
+    def __init__(self, config: GitLabConfig, token: SecretStr, context: ComposeContext) -> None:
+        self._config = config
+        self._project = config.project_id
+        self._origin = origin_of(config.base_url)
+        self._prefix = httpx.URL(config.base_url).path.rstrip("/") + "/api/v4"
+        self._http = make_client(
+            config.base_url, transport=context.transport, counter=context.counter,
+            auth=HeaderTokenAuth("PRIVATE-TOKEN", token.get_secret_value),
+            headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
+        )
+
+    def __repr__(self) -> str:
+        return f"GitLabConnector(project_id={self._project})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- fetch ------------------------------------------------------------------------
+
+    def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
+        try:
+            cursor = GitLabCursor.decode(request.cursor)
+        except CursorError as exc:
+            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        timeout = _Deadline(attempt).timeout()
+        if timeout is None:
+            return FetchFailure(retry_class="retryable", reason="timeout", detail="no budget left for the request")
+        if cursor.next is not None:
+            url, params = f"{self._origin}{cursor.next}", None
+        else:
+            url = f"{self._prefix}/projects/{self._project}/issues"
+            params = {"pagination": "keyset", "order_by": "updated_at", "sort": "asc", "per_page": request.page_size}
+            if cursor.since is not None:
+                params["updated_after"] = format_time(cursor.since)
+        try:
+            response = self._http.get(url, params=params, timeout=timeout, extensions={ENDPOINT: "list_issues"})
+        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
+            return _fetch_failure(_exception_problem(exc))
+        if response.status_code != 200:
+            return _fetch_failure(_status_problem(response, "listing issues"))
+        try:
+            raw = _ISSUES.validate_json(response.content)
+        except ValidationError as exc:
+            if any(e["type"] == "json_invalid" for e in exc.errors()):
+                return FetchFailure(retry_class="retryable", reason="transport_protocol",
+                                    detail="listing issues: the response body is not complete JSON")
+            return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                detail=f"listing issues: {_where(exc)}")
+        return self._page(raw, response, cursor, request)
+
+    def _page(self, raw: list[_Issue], response: httpx.Response, cursor: GitLabCursor,
+              request: FetchIssuePage) -> FetchIssuePageResult:
+        issues, excluded = [], 0
+        for item in raw:
+            if item.project_id != self._project:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail=f"issue {item.iid} belongs to project {item.project_id}, not {self._project}")
+            if item.issue_type not in self._config.issue_types:
+                excluded += 1
+                continue
+            try:
+                issues.append(self._map(item))
+            except ValidationError as exc:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail=f"issue {item.iid}: {_where(exc)}")
+        link = _next_link(response)
+        if link is not None:
+            parsed = httpx.URL(link)
+            if origin_of(parsed) != self._origin:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail="the next-page link points to another origin")
+            link = parsed.raw_path.decode("ascii")
+        page_max = max((i.updated_at for i in raw), default=None)
+        token = cursor.after_page(page_max=page_max, served_at=_served_at(response), next_link=link).encode()
+        if len(token) > 1024:
+            return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                detail="the next-page link is too long for a cursor token")
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=link is None, excluded=excluded)
+
+    def _map(self, item: _Issue) -> ExternalIssue:
+        return ExternalIssue(
+            connector_kind=KIND,
+            external_ref=f"{KIND}:{self._project}:{item.iid}",
+            title=item.title,
+            description=item.description or "",
+            source_labels=tuple(item.labels),
+            reporter_ref=f"gitlab-user:{item.author.id}",
+            reporter_display_name=item.author.name,
+            external_state="open" if item.state == "opened" else "closed",
+            external_updated_at=item.updated_at,
+            display_url=item.web_url,
+        )
+
+    # -- close ------------------------------------------------------------------------
+
+    def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
+        kind, _, rest = command.external_ref.partition(":")
+        project, _, iid = rest.partition(":")
+        if kind != KIND or project != str(self._project) or not iid.isdigit():
+            return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
+                                detail=f"{command.external_ref} is not an issue of GitLab project {self._project}")
+        deadline = _Deadline(attempt)
+        base = f"{self._prefix}/projects/{self._project}/issues/{iid}"
+        note_id = None
+        if command.reconcile_first:
+            lookup = self._find_marker(base, command.marker, deadline)
+            if lookup.problem is not None:
+                return _close_failure(lookup.problem)
+            note_id = lookup.found
+        if note_id is None:
+            note_id, failure = self._post_note(base, command, deadline)
+            if failure is not None:
+                return failure
+        return self._close(base, command, note_id, deadline)
+
+    def _send(self, method: str, url: str, deadline: _Deadline, endpoint: str, **kwargs) -> httpx.Response | _Problem:
+        timeout = deadline.timeout()
+        if timeout is None:
+            return _Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
+        try:
+            return self._http.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
+            return _exception_problem(exc)
+
+    def _post_note(self, base: str, command: CloseExternalIssue,
+                   deadline: _Deadline) -> tuple[str | None, CloseExternalIssueResult | None]:
+        response = self._send("POST", f"{base}/notes", deadline, "create_note", json={"body": command.comment})
+        problem = response if isinstance(response, _Problem) else None
+        if problem is None and response.status_code == 201:
+            try:
+                return str(TypeAdapter(_Note).validate_json(response.content).id), None
+            except ValidationError:
+                problem = _Problem("retryable", "transport_protocol", "creating the note: the response body does "
+                                   "not parse", maybe_written=True)
+        if problem is None:
+            problem = _status_problem(response, "creating the note")
+        if not problem.maybe_written:
+            return None, _close_failure(problem)
+        lookup = self._find_marker(base, command.marker, deadline)
+        if lookup.found is not None:
+            return lookup.found, None
+        if lookup.problem is None:
+            return None, _close_failure(problem, "reconciled_absent")
+        return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:300])
+
+    def _close(self, base: str, command: CloseExternalIssue, note_id: str, deadline: _Deadline) -> CloseExternalIssueResult:
+        response = self._send("PUT", base, deadline, "close_issue", json={"state_event": "close"})
+        problem = response if isinstance(response, _Problem) else None
+        if problem is None and response.status_code == 200:
+            try:
+                closed = _ONE_ISSUE.validate_json(response.content).state == "closed"
+            except ValidationError:
+                closed = None
+            if closed:
+                return self._receipt(command, note_id)
+            problem = _Problem("retryable", "transport_protocol", "closing the issue: the answer does not show it "
+                               "closed", maybe_written=True)
+        if problem is None:
+            problem = _status_problem(response, "closing the issue")
+        if not problem.maybe_written:
+            return _close_failure(problem)
+        state = self._send("GET", base, deadline, "get_issue")
+        if isinstance(state, httpx.Response) and state.status_code == 200:
+            try:
+                if _ONE_ISSUE.validate_json(state.content).state == "closed":
+                    return self._receipt(command, note_id)
+                return _close_failure(problem, "reconciled_absent")
+            except ValidationError:
+                pass
+        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read"[:300])
+
+    @staticmethod
+    def _receipt(command: CloseExternalIssue, note_id: str) -> ConnectorReceipt:
+        return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
+                                marker=command.marker, comment_ref=f"note:{note_id}")
+
+    def _find_marker(self, base: str, marker: str, deadline: _Deadline) -> _Lookup:
+        """Search the issue's notes for the exact marker: found, absent (problem None), or inconclusive."""
+        page = "1"
+        for _ in range(MAX_NOTE_PAGES):
+            response = self._send("GET", f"{base}/notes", deadline, "list_notes",
+                                  params={"sort": "asc", "order_by": "created_at", "per_page": 100, "page": page})
+            if isinstance(response, _Problem):
+                return _Lookup(problem=response)
+            if response.status_code != 200:
+                return _Lookup(problem=_status_problem(response, "reading notes"))
+            try:
+                notes = _NOTES.validate_json(response.content)
+            except ValidationError:
+                return _Lookup(problem=_Problem("retryable", "transport_protocol", "reading notes: the body does "
+                                                "not parse"))
+            for note in notes:
+                if not note.system and marker in note.body:
+                    return _Lookup(found=str(note.id))
+            page = response.headers.get("x-next-page", "")
+            if not page:
+                return _Lookup()
+        return _Lookup(problem=_Problem("retryable", "provider_5xx", f"reading notes: more than {MAX_NOTE_PAGES} "
+                                        "pages"))
+
+
+def _where(exc: ValidationError) -> str:
+    first = exc.errors(include_input=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
+
+
+def build(config: GitLabConfig, secrets, context: ComposeContext) -> GitLabConnector:
+    return GitLabConnector(config, secrets["token"], context)

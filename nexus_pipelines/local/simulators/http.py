@@ -1,0 +1,242 @@
+"""What every provider simulator shares: a plain request/response pair, per-operation
+fault injection that covers the transport's failure modes, an in-process httpx
+transport and an ASGI app for serving over real HTTP.
+
+A simulator is one function `handle(request) -> SimResponse` over its own state. Tests
+use `SimulatorTransport` (sync, no network); the local stack serves `build_app` with
+`serve_in_thread`. Transport faults (a refused connection, a reset before or after the
+write was applied, a truncated body) exist only in process: over real HTTP a simulator
+answers every request it receives.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+from urllib.parse import parse_qs
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+
+@dataclass(frozen=True)
+class SimRequest:
+    method: str
+    path: str
+    query: Mapping[str, list[str]]
+    headers: Mapping[str, str]  # lower-case names
+    body: bytes
+    base_url: str
+
+    def param(self, name: str) -> str | None:
+        values = self.query.get(name)
+        return values[-1] if values else None
+
+    def form_or_json(self) -> dict[str, Any]:
+        """The body as a dict: JSON, or a form (both are accepted by the providers modelled)."""
+        if not self.body:
+            return {}
+        if "application/json" in self.headers.get("content-type", ""):
+            data = json.loads(self.body)
+            if not isinstance(data, dict):
+                raise ValueError("body is not a JSON object")
+            return data
+        return {k: v[-1] for k, v in parse_qs(self.body.decode(), keep_blank_values=True).items()}
+
+
+@dataclass
+class SimResponse:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> SimResponse:
+        return cls(status, json.dumps(payload).encode(), {"content-type": "application/json", **(headers or {})})
+
+    @classmethod
+    def text(cls, status: int, text: str, headers: Mapping[str, str] | None = None) -> SimResponse:
+        return cls(status, text.encode(), {"content-type": "text/plain", **(headers or {})})
+
+
+class TransportFault(Enum):
+    CONNECT_ERROR = "connect_error"  # nothing reached the server (httpx.ConnectError)
+    CONNECT_TIMEOUT = "connect_timeout"  # nothing reached the server (httpx.ConnectTimeout)
+    RESET_BEFORE_RESPONSE = "reset_before_response"  # not applied; the client cannot tell (httpx.ReadError)
+    PROTOCOL_ERROR = "protocol_error"  # not applied; a malformed response (httpx.RemoteProtocolError)
+    TIMEOUT_BEFORE_APPLY = "timeout_before_apply"  # not applied; read timed out (httpx.ReadTimeout)
+    APPLY_THEN_DROP = "apply_then_drop"  # applied, then the connection dropped (httpx.RemoteProtocolError)
+    APPLY_THEN_RESET = "apply_then_reset"  # applied, then reset (httpx.ReadError)
+    APPLY_THEN_TIMEOUT = "apply_then_timeout"  # applied, then the read timed out (httpx.ReadTimeout)
+    TRUNCATED_BODY = "truncated_body"  # applied, then half the body arrived
+
+
+@dataclass(frozen=True)
+class Fault:
+    """A transport fault, a status answer that applied nothing (with its headers and body),
+    or `after_apply_status`: the request is applied, then that status comes back."""
+
+    transport: TransportFault | None = None
+    status: int | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+    after_apply_status: int | None = None
+
+    @property
+    def applies_first(self) -> bool:
+        return self.after_apply_status is not None or self.transport in (
+            TransportFault.APPLY_THEN_DROP, TransportFault.APPLY_THEN_RESET, TransportFault.APPLY_THEN_TIMEOUT,
+            TransportFault.TRUNCATED_BODY)
+
+
+class FaultQueue:
+    """Faults queued per operation name ('list_issues', 'create_note', ...), consumed in order."""
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[Fault]] = defaultdict(deque)
+        self._lock = threading.Lock()
+
+    def push(self, operation: str, *faults: Fault) -> None:
+        with self._lock:
+            self._queues[operation].extend(faults)
+
+    def pop(self, operation: str) -> Fault | None:
+        with self._lock:
+            queue = self._queues.get(operation)
+            return queue.popleft() if queue else None
+
+    def clear(self) -> None:
+        with self._lock:
+            self._queues.clear()
+
+
+def answer_fault(fault: Fault, apply: Callable[[], SimResponse], default_body: Any) -> SimResponse:
+    """How every simulator serves a request with a queued fault: fail before applying, or
+    apply and then fail (transport fault, or a status in place of the real answer)."""
+    if not fault.applies_first:
+        if fault.transport is not None:
+            raise InjectedFault(fault.transport)
+        body = default_body if fault.body is None else fault.body
+        return SimResponse.json(fault.status or 500, body, fault.headers)
+    response = apply()
+    if fault.after_apply_status is not None:
+        return SimResponse.json(fault.after_apply_status, default_body, fault.headers)
+    raise InjectedFault(fault.transport, response)
+
+
+class InjectedFault(Exception):
+    """Raised inside a simulator's handler to turn a prepared response into a transport fault."""
+
+    def __init__(self, fault: TransportFault, response: SimResponse | None = None) -> None:
+        super().__init__(fault.value)
+        self.fault = fault
+        self.response = response
+
+
+def _raise(fault: TransportFault, request: httpx.Request, response: SimResponse | None) -> httpx.Response:
+    message = f"simulated {fault.value}"
+    if fault is TransportFault.CONNECT_ERROR:
+        raise httpx.ConnectError(message, request=request)
+    if fault is TransportFault.CONNECT_TIMEOUT:
+        raise httpx.ConnectTimeout(message, request=request)
+    if fault in (TransportFault.RESET_BEFORE_RESPONSE, TransportFault.APPLY_THEN_RESET):
+        raise httpx.ReadError(message, request=request)
+    if fault in (TransportFault.TIMEOUT_BEFORE_APPLY, TransportFault.APPLY_THEN_TIMEOUT):
+        raise httpx.ReadTimeout(message, request=request)
+    if fault in (TransportFault.APPLY_THEN_DROP, TransportFault.PROTOCOL_ERROR):
+        raise httpx.RemoteProtocolError(message, request=request)
+    assert response is not None
+    return httpx.Response(response.status, headers=response.headers, content=response.body[: len(response.body) // 2],
+                          request=request)
+
+
+Handler = Callable[[SimRequest], SimResponse]
+
+
+def to_sim_request(request: httpx.Request) -> SimRequest:
+    return SimRequest(
+        method=request.method,
+        path=request.url.path,
+        query=parse_qs(request.url.query.decode(), keep_blank_values=True),
+        headers={k.lower(): v for k, v in request.headers.items()},
+        body=request.read(),
+        base_url=f"{request.url.scheme}://{request.url.netloc.decode('ascii')}",
+    )
+
+
+class SimulatorTransport(httpx.BaseTransport):
+    """Sync in-process transport over a simulator's handler (httpx's ASGI transport is async-only)."""
+
+    def __init__(self, handle: Handler) -> None:
+        self._handle = handle
+        self.requests: list[httpx.Request] = []
+        self._lock = threading.Lock()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        with self._lock:
+            self.requests.append(request)
+        try:
+            sim = self._handle(to_sim_request(request))
+        except InjectedFault as injected:
+            return _raise(injected.fault, request, injected.response)
+        return httpx.Response(sim.status, headers=sim.headers, content=sim.body, request=request)
+
+
+def build_app(handle: Handler) -> Starlette:
+    async def endpoint(request: Request) -> Response:
+        sim_request = SimRequest(
+            method=request.method,
+            path=request.url.path,
+            query=parse_qs(request.url.query, keep_blank_values=True),
+            headers={k.lower(): v for k, v in request.headers.items()},
+            body=await request.body(),
+            base_url=str(request.base_url).rstrip("/"),
+        )
+        try:
+            sim = await run_in_threadpool(handle, sim_request)
+        except InjectedFault as injected:  # no transport faults over real HTTP: answer what was prepared
+            sim = injected.response or SimResponse.text(503, "simulated fault")
+        return Response(sim.body, status_code=sim.status, headers=sim.headers)
+
+    methods = ["GET", "POST", "PATCH", "PUT", "DELETE"]
+    return Starlette(routes=[Route("/{path:path}", endpoint, methods=methods)])
+
+
+def serve_in_thread(app: Any, port: int = 0, *, startup_timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
+    """Serve an ASGI app on 127.0.0.1 from a daemon thread; returns (base URL, stop)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"cannot serve a simulator on 127.0.0.1:{port}: {exc.strerror}") from None
+    bound_port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{bound_port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            sock.close()
+            raise RuntimeError(f"simulator server on 127.0.0.1:{bound_port} did not start")
+        time.sleep(0.01)
+
+    def stop() -> None:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+    return f"http://127.0.0.1:{bound_port}", stop

@@ -1,0 +1,160 @@
+"""The two ticket work types of the work queue and the receipt route that feeds one of them.
+
+* `ticket.observe` (from the poll's receipts): applies one issue version to custody,
+  observations and the ticket, in one transaction fenced by the work item's token.
+* `issue.close` (from an accepted proof): counts a dispatch durably before any
+  provider call, runs the connector's comment-and-close through the core retry
+  executor, and stores the one receipt. A later dispatch of the same command always
+  asks the adapter to look for the marker before it writes (`reconcile_first`), so a
+  crash, a lost lease or a replay never posts a second comment. A retryable failure is
+  retried by the queue no sooner than the provider asked; a terminal failure or an
+  ambiguous write dead-letters the item (an operator replays it after looking; the
+  replay reconciles first).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from psycopg_pool import ConnectionPool
+
+from nexus_pipelines.connectors.core import store as connector_store
+from nexus_pipelines.connectors.core.executor import RetryExecutor
+from nexus_pipelines.connectors.core.registry import ConnectorRegistry
+from nexus_pipelines.connectors.core.tick import Composer
+from nexus_pipelines.connectors.core.values import (
+    AmbiguousWrite,
+    CloseExternalIssue,
+    CloseFailure,
+    ConnectorReceipt,
+    ExternalIssue,
+    source_version_digest,
+)
+from nexus_pipelines.tickets.intake import CustodyKey, apply_observation
+from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
+from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence
+from nexus_pipelines.workqueue.handlers import Handler, PermanentError, RetryLater
+from nexus_pipelines.workqueue.receipts import ClaimedReceipt, EventSpec, Route, WorkSpec
+
+OBSERVE_WORK_TYPE = "ticket.observe"
+OBSERVE_ROUTE = (connector_store.OBSERVE_ROUTE_KEY, 1)
+LOST = "lease_lost"  # the worker discards results of lost items; this only names why
+
+
+def route_versions() -> dict[str, int]:
+    """What a connector generation's activation receipt binds (replay checks it)."""
+    return {OBSERVE_ROUTE[0]: OBSERVE_ROUTE[1], CLOSE_ROUTE[0]: CLOSE_ROUTE[1]}
+
+
+def _materialize_observation(receipt: ClaimedReceipt) -> list[EventSpec]:
+    body = receipt.body
+    ref = body["issue"]["external_ref"]
+    return [
+        EventSpec(
+            source_kind="external_issue",
+            source_id=ref,
+            idempotency_key=f"observe:{receipt.delivery_id}",
+            payload=body,
+            work=[WorkSpec(OBSERVE_WORK_TYPE, source_lane_key=ref, target_lane_key=ticket_lane(ref))],
+        )
+    ]
+
+
+OBSERVATION_ROUTE = Route(OBSERVE_ROUTE[0], OBSERVE_ROUTE[1], _materialize_observation)
+
+
+@dataclass(frozen=True)
+class TicketHandlers:
+    pool: ConnectionPool
+    registry: ConnectorRegistry
+    compose: Composer
+    executor_factory: Callable[[], RetryExecutor] = RetryExecutor
+
+    def as_dict(self) -> dict[str, Handler]:
+        return {OBSERVE_WORK_TYPE: self.observe, CLOSE_WORK_TYPE: self.close}
+
+    # -- ticket.observe ---------------------------------------------------------------
+
+    def observe(self, item: ClaimedItem) -> str:
+        body = item.payload
+        try:
+            issue = ExternalIssue.model_validate_json(json.dumps(body["issue"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PermanentError(f"work item {item.work_id} carries no valid issue ({type(exc).__name__})") from None
+        if source_version_digest(issue) != body.get("digest"):
+            raise PermanentError(f"work item {item.work_id}: the issue does not match its source digest")
+        tenant, _, key = item.registration_id.partition("/")
+        with self.pool.connection() as conn, conn.transaction():
+            if not lock_fence(conn, item):
+                return LOST
+            result = apply_observation(
+                conn, CustodyKey(tenant, key, issue.external_ref), project=body["project"], issue=issue,
+                digest=body["digest"], labels=list(body["labels"]), work_id=item.work_id, work_token=item.token,
+            )
+        return result.outcome
+
+    # -- issue.close ------------------------------------------------------------------
+
+    def close(self, item: ClaimedItem) -> str:
+        command_id = item.payload["command_id"]
+        with self.pool.connection() as conn:
+            command = conn.execute(
+                """SELECT c.external_ref, c.marker, c.comment, c.dispatches, c.ticket_id,
+                          (SELECT comment_ref FROM ticket_close_receipts r WHERE r.command_id = c.command_id)
+                     FROM ticket_close_commands c WHERE c.command_id = %s""",
+                (command_id,),
+            ).fetchone()
+            if command is None:
+                raise PermanentError(f"close command {command_id} does not exist")
+            external_ref, marker, comment, dispatches, ticket_id, delivered = command
+            if delivered is not None:
+                return "already_delivered"
+            with conn.transaction():
+                if not lock_fence(conn, item):
+                    return LOST
+                conn.execute(
+                    """UPDATE ticket_close_commands SET dispatches = dispatches + 1, status = 'dispatched',
+                              updated_at = clock_timestamp() WHERE command_id = %s""",
+                    (command_id,),
+                )
+            stored = connector_store.revision_by_number(conn, self.registry, item.registration_id, item.revision)
+        if stored is None:
+            raise PermanentError(f"{item.registration_id} revision {item.revision} is not registered")
+        request = CloseExternalIssue(external_ref=external_ref, command_id=command_id, marker=marker,
+                                     comment=comment, reconcile_first=dispatches > 0)
+        result, _ = self.executor_factory().close(self.compose(stored.registration), request)
+        return self._settle(item, ticket_id, result)
+
+    def _settle(self, item: ClaimedItem, ticket_id: int, result) -> str:
+        command_id = item.payload["command_id"]
+        with self.pool.connection() as conn, conn.transaction():
+            if isinstance(result, ConnectorReceipt):
+                # A receipt is a provider fact, recorded even by a holder that lost its lease:
+                # the key allows one, and whoever records second finds it already there.
+                conn.execute(
+                    """INSERT INTO ticket_close_receipts (command_id, ticket_id, external_ref, marker, comment_ref,
+                                                          work_id)
+                       VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (command_id) DO NOTHING""",
+                    (command_id, ticket_id, result.external_ref, result.marker, result.comment_ref, item.work_id),
+                )
+                self._status(conn, command_id, "delivered", "receipt", "")
+                return "delivered"
+            status = "ambiguous" if isinstance(result, AmbiguousWrite) else (
+                "failed" if result.retry_class == "terminal" else "dispatched")
+            label = result.kind if isinstance(result, AmbiguousWrite) else f"{result.retry_class}:{result.reason}"
+            self._status(conn, command_id, status, label, result.detail)
+        detail = f"close {command_id}: {label}" + (f" ({result.detail})" if result.detail else "")
+        if isinstance(result, CloseFailure) and result.retry_class == "retryable":
+            raise RetryLater(detail, result.retry_after_seconds or 0.0)
+        raise PermanentError(detail + ("; inspect the issue, then replay the work item: the replay looks for "
+                                       "the marker before it writes" if isinstance(result, AmbiguousWrite) else ""))
+
+    @staticmethod
+    def _status(conn, command_id: str, status: str, label: str, detail: str) -> None:
+        conn.execute(
+            """UPDATE ticket_close_commands SET status = %s, last_result = %s, last_detail = %s,
+                      updated_at = clock_timestamp() WHERE command_id = %s""",
+            (status, label, detail[:300], command_id),
+        )

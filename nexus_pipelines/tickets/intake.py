@@ -1,0 +1,126 @@
+"""Applying one observed issue version to tickets: exact custody and replay-safe
+observations (CX-06, CX-07, CX-11).
+
+The first observation of an external reference creates exactly one ticket, its custody
+link, the automatic P2 priority fact, the UNTRIAGED triage fact and the observation,
+in one transaction. An unchanged replay writes nothing; a changed digest appends one
+observation and makes one deterministic ticket update; an older version than the one
+already observed is ignored. Provider content is external and untrusted: it can change
+title, description, labels and the recorded source state, never the ticket's
+lifecycle, triage, priority or close eligibility.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from psycopg import Connection
+from psycopg.types.json import Jsonb
+
+from nexus_pipelines.connectors.core.values import ExternalIssue
+
+INTAKE_ACTOR = "system:intake"
+DEFAULT_PRIORITY = "P2"
+
+
+@dataclass(frozen=True)
+class CustodyKey:
+    tenant: str
+    registration_key: str
+    external_ref: str
+
+
+class CustodyConflict(RuntimeError):
+    """A custody fact would merge or move a link; closed-world custody refuses it."""
+
+
+@dataclass(frozen=True)
+class IntakeResult:
+    outcome: str  # created | updated | unchanged | stale
+    ticket_id: int
+
+
+def apply_observation(
+    conn: Connection,
+    key: CustodyKey,
+    *,
+    project: str,
+    issue: ExternalIssue,
+    digest: str,
+    labels: list[str],
+    work_id: int,
+    work_token: int,
+) -> IntakeResult:
+    """Apply one issue version inside the caller's (fenced) transaction."""
+    if issue.external_ref != key.external_ref:
+        raise CustodyConflict(f"an observation of {issue.external_ref} was routed to custody of {key.external_ref}")
+    row = conn.execute(
+        """SELECT ticket_id FROM ticket_custody_links
+            WHERE tenant = %s AND registration_key = %s AND external_ref = %s""",
+        (key.tenant, key.registration_key, key.external_ref),
+    ).fetchone()
+    if row is None:
+        return IntakeResult("created", _create(conn, key, project, issue, digest, labels, work_id, work_token))
+    (ticket_id,) = row
+    latest = conn.execute(
+        """SELECT source_updated_at, source_digest FROM ticket_observations
+            WHERE ticket_id = %s ORDER BY source_updated_at DESC, observation_id DESC LIMIT 1""",
+        (ticket_id,),
+    ).fetchone()
+    if latest[1] == digest:
+        return IntakeResult("unchanged", ticket_id)
+    if issue.external_updated_at < latest[0]:
+        return IntakeResult("stale", ticket_id)
+    inserted = _observe(conn, ticket_id, issue, digest, work_id, work_token)
+    if not inserted:
+        return IntakeResult("unchanged", ticket_id)
+    conn.execute(
+        """UPDATE tickets
+              SET title = %s, description = %s, labels = %s, source_state = %s, source_updated_at = %s,
+                  source_digest = %s, version = version + 1, updated_at = clock_timestamp()
+            WHERE ticket_id = %s""",
+        (issue.title, issue.description, labels, issue.external_state, issue.external_updated_at, digest, ticket_id),
+    )
+    return IntakeResult("updated", ticket_id)
+
+
+def _create(conn: Connection, key: CustodyKey, project: str, issue: ExternalIssue, digest: str, labels: list[str],
+            work_id: int, work_token: int) -> int:
+    (ticket_id,) = conn.execute(
+        """INSERT INTO tickets (tenant, project, title, description, labels, priority, triage_state, source_state,
+                                source_updated_at, source_digest)
+           VALUES (%s, %s, %s, %s, %s, %s, 'UNTRIAGED', %s, %s, %s) RETURNING ticket_id""",
+        (key.tenant, project, issue.title, issue.description, labels, DEFAULT_PRIORITY, issue.external_state,
+         issue.external_updated_at, digest),
+    ).fetchone()
+    conn.execute(
+        """INSERT INTO ticket_custody_links (tenant, registration_key, external_ref, ticket_id, connector_kind,
+                                             display_url, linked_by_work_id)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
+        (key.tenant, key.registration_key, key.external_ref, ticket_id, issue.connector_kind, issue.display_url,
+         work_id),
+    )
+    conn.execute(
+        """INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason)
+           VALUES (%s, %s, NULL, %s, 'automatic default at intake; not an actor decision')""",
+        (ticket_id, DEFAULT_PRIORITY, INTAKE_ACTOR),
+    )
+    conn.execute(
+        """INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
+           VALUES (%s, 'UNTRIAGED', %s, 'created by connector intake')""",
+        (ticket_id, INTAKE_ACTOR),
+    )
+    _observe(conn, ticket_id, issue, digest, work_id, work_token)
+    return ticket_id
+
+
+def _observe(conn: Connection, ticket_id: int, issue: ExternalIssue, digest: str, work_id: int,
+             work_token: int) -> bool:
+    return conn.execute(
+        """INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
+                                            work_token)
+           VALUES (%s, %s, %s, %s, %s, %s, %s)
+           ON CONFLICT (ticket_id, source_updated_at, source_digest) DO NOTHING""",
+        (ticket_id, issue.external_ref, digest, issue.external_updated_at, Jsonb(issue.model_dump(mode="json")),
+         work_id, work_token),
+    ).rowcount == 1

@@ -1,0 +1,102 @@
+"""The seam's values refuse every combination the seed forbids."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime
+
+import pytest
+from pydantic import ValidationError
+
+from nexus_pipelines.connectors.core.values import (
+    RETRYABLE_REASONS,
+    TERMINAL_REASONS,
+    AmbiguousWrite,
+    CloseExternalIssue,
+    CloseFailure,
+    ConnectorAttempt,
+    ExternalIssue,
+    ExternalIssuePage,
+    FetchFailure,
+    FetchIssuePage,
+    source_version_digest,
+)
+
+REASONS = sorted(RETRYABLE_REASONS | TERMINAL_REASONS)
+
+
+def issue(**changes) -> ExternalIssue:
+    data = dict(connector_kind="gitlab", external_ref="gitlab:1:2", title="t", description="", source_labels=(),
+                reporter_ref="gitlab-user:1", reporter_display_name="R", external_state="open",
+                external_updated_at=datetime(2026, 1, 1, tzinfo=UTC), display_url="https://x.test/1")
+    return ExternalIssue(**{**data, **changes})
+
+
+@pytest.mark.parametrize("reason, retry_class", list(itertools.product(REASONS, ["retryable", "terminal"])))
+def test_only_the_seeds_reason_class_pairs_validate(reason, retry_class):
+    allowed = reason in (RETRYABLE_REASONS if retry_class == "retryable" else TERMINAL_REASONS)
+    for build in (lambda: FetchFailure(retry_class=retry_class, reason=reason),
+                  lambda: CloseFailure(retry_class=retry_class, reason=reason, write_disposition="not_written")):
+        if allowed:
+            build()
+        else:
+            with pytest.raises(ValidationError):
+                build()
+
+
+def test_the_reason_sets_are_exactly_the_seeds():
+    assert RETRYABLE_REASONS == {"timeout", "transport_connect", "transport_read", "transport_protocol", "throttled",
+                                 "provider_5xx"}
+    assert TERMINAL_REASONS == {"authentication", "authorization", "ordinary_4xx", "invalid_payload",
+                                "unsupported_item", "contract_violation"}
+
+
+def test_fetch_failures_carry_no_write_disposition_and_close_failures_no_ambiguity():
+    with pytest.raises(ValidationError):
+        FetchFailure(retry_class="retryable", reason="timeout", write_disposition="not_written")
+    with pytest.raises(ValidationError):
+        CloseFailure(retry_class="retryable", reason="timeout", write_disposition="reconciliation_inconclusive")
+    with pytest.raises(ValidationError):
+        AmbiguousWrite(reason="timeout")
+    with pytest.raises(ValidationError):
+        FetchFailure(retry_class="retryable", reason="timeout", retry_after_seconds=3)  # only throttling waits
+    assert AmbiguousWrite().write_disposition == "reconciliation_inconclusive"
+
+
+def test_attempts_and_pages_are_bounded():
+    with pytest.raises(ValidationError):
+        ConnectorAttempt(attempt_number=5, deadline_remaining_milliseconds=10)
+    with pytest.raises(ValidationError):
+        ConnectorAttempt(attempt_number=1, deadline_remaining_milliseconds=10_001)
+    with pytest.raises(ValidationError):
+        FetchIssuePage(cursor=None, page_size=101)
+    with pytest.raises(ValidationError):
+        FetchIssuePage(cursor="has space", page_size=1)
+    with pytest.raises(ValidationError):
+        ExternalIssuePage(issues=(), next_cursor="x" * 1025, exhausted=True)
+
+
+@pytest.mark.parametrize("changes", [
+    {"external_ref": "gitlab:1"}, {"external_ref": "github:1:2"}, {"title": ""}, {"title": "x" * 1025},
+    {"external_state": "opened"}, {"external_updated_at": datetime(2026, 1, 1)}, {"description": "nul\x00byte"},
+    {"display_url": "javascript:alert(1)"}, {"source_labels": tuple(f"l{i}" for i in range(101))},
+])
+def test_malformed_issues_fail_closed(changes):
+    with pytest.raises(ValidationError):
+        issue(**changes)
+
+
+def test_the_digest_is_deterministic_over_the_normalized_value():
+    assert source_version_digest(issue()) == source_version_digest(issue())
+    assert source_version_digest(issue()) != source_version_digest(issue(title="other"))
+    assert source_version_digest(issue()).startswith("sha256:")
+
+
+def test_a_close_command_carries_its_own_marker_in_the_comment():
+    cid = "close-" + "a" * 32
+    with pytest.raises(ValidationError):
+        CloseExternalIssue(external_ref="gitlab:1:2", command_id=cid, marker="[nexus:close:" + "a" * 32 + "]",
+                           comment="no marker here")
+    with pytest.raises(ValidationError):
+        CloseExternalIssue(external_ref="gitlab:1:2", command_id=cid, marker="[nexus:close:" + "b" * 32 + "]",
+                           comment="[nexus:close:" + "b" * 32 + "]")

@@ -1,0 +1,133 @@
+"""The GitLab binding of the shared conformance suite: a `World` over the GitLab simulator."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from nexus_pipelines.connectors.core.compose import compose
+from nexus_pipelines.connectors.core.registration import Registration, parse_registration
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault
+
+PROJECT_ID = 278964
+BASE_URL = "https://gitlab.example.test"
+TOKEN_ENV = "NEXUS_TEST_GITLAB_TOKEN"
+
+_OPERATIONS = {"list": "list_issues", "comment": "create_note", "close": "edit_issue", "lookup": "list_notes",
+               "read_issue": "get_issue"}
+_NAMES = {v: k for k, v in _OPERATIONS.items()}
+
+
+def _fault(name: str) -> Fault:
+    transport = {
+        "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
+        "connect_error": TransportFault.CONNECT_ERROR,
+        "read_error": TransportFault.RESET_BEFORE_RESPONSE,
+        "protocol_error": TransportFault.PROTOCOL_ERROR,
+        "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
+        "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
+        "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
+    }.get(name)
+    if transport is not None:
+        return Fault(transport=transport)
+    limit_headers = {"RateLimit-Name": "throttle_authenticated_api", "RateLimit-Limit": "600",
+                     "RateLimit-Observed": "601", "RateLimit-Remaining": "0"}
+    return {
+        "throttled": Fault(status=429, headers={**limit_headers, "Retry-After": "1"}),
+        "throttled_long": Fault(status=429, headers={**limit_headers, "Retry-After": "3600"}),
+        "provider_5xx": Fault(status=500, body={"message": "500 Internal Server Error"}),
+        "authentication": Fault(status=401, body={"message": "401 Unauthorized"}),
+        "authorization": Fault(status=403, body={"error": "insufficient_scope", "scope": "api"}),
+        "ordinary_4xx": Fault(status=404, body={"message": "404 Not found"}),
+        "invalid_payload": Fault(status=200, body=[{"id": "not-a-number", "iid": 1}]),
+        "apply_then_5xx": Fault(after_apply_status=502),
+    }[name]
+
+
+class GitLabWorld:
+    kind = "gitlab"
+
+    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd") -> None:
+        self.state = GitLabState(SimClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC)))
+        self.project_id = project_id
+        self.state.add_project(project_id, "acme/platform")
+        self.state.add_token(token, project_id, scopes=("api",))
+        self.simulator = GitLabSimulator(self.state)
+        self.transport = SimulatorTransport(self.simulator)
+        self.environ = {TOKEN_ENV: token}
+        self.secret_values = (token,)
+
+    def registration(self, *, key: str = "conformance", tenant: str = "acme", project: str = "conformance",
+                     page_size: int = 100, project_id: int | None = None) -> Registration:
+        data = {
+            "key": key, "tenant": tenant, "project": project, "kind": "gitlab", "page_size": page_size,
+            "poll_interval_seconds": 60,
+            "provider": {"base_url": BASE_URL, "project_id": project_id or self.project_id,
+                         "token": f"env:{TOKEN_ENV}"},
+        }
+        return parse_registration(data, REGISTRY, source=f"{key}.yaml")
+
+    def adapter(self, registration: Registration | None = None, transport=None):
+        return compose(registration or self.registration(), REGISTRY,
+                       ComposeContext(transport=transport or self.transport), environ=self.environ)
+
+    def _ref(self, iid: int) -> str:
+        return f"gitlab:{self.project_id}:{iid}"
+
+    def _iid(self, external_ref: str) -> int:
+        return int(external_ref.rsplit(":", 1)[1])
+
+    def add_issues(self, count: int, *, same_updated_at: bool = False, title: str = "Issue") -> list[str]:
+        start = self.state.clock.now()
+        refs = []
+        for n in range(count):
+            moment = start if same_updated_at else start + timedelta(milliseconds=n)
+            issue = self.state.add_issue(self.project_id, title=f"{title} {n}", description=f"Body {n}",
+                                         labels=["bug"] if n % 2 else [], updated_at=moment)
+            refs.append(self._ref(issue.iid))
+        self.state.clock.advance(1)
+        return refs
+
+    def update_issue(self, external_ref: str, *, title: str) -> None:
+        self.state.update_issue(self.project_id, self._iid(external_ref), title=title)
+        self.state.clock.advance(0.001)
+
+    def add_excluded_item(self) -> None:
+        self.state.add_issue(self.project_id, title="A task, not an issue", issue_type="task")
+        self.state.clock.advance(0.001)
+
+    def issue_state(self, external_ref: str) -> str:
+        return "closed" if self.state.issue(self.project_id, self._iid(external_ref)).state == "closed" else "open"
+
+    def comments(self, external_ref: str) -> list[str]:
+        return [n.body for n in self.state.notes(self.project_id, self._iid(external_ref)) if not n.system]
+
+    def add_comment(self, external_ref: str, body: str) -> None:
+        from nexus_pipelines.local.simulators.gitlab import Note, User
+
+        issue = self.state.issue(self.project_id, self._iid(external_ref))
+        issue.notes.append(Note(self.state._next_id(), body, User(8, "someone", "Some One"), self.state.clock.now()))
+
+    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
+        self.state.faults.push(_OPERATIONS[operation], *[_fault(fault)] * times)
+
+    def requests(self) -> list[tuple[str, str]]:
+        out = []
+        for request in self.transport.requests:
+            operation, _ = GitLabSimulator._route(_as_sim(request))
+            out.append((_NAMES.get(operation, operation), request.method))
+        return out
+
+    def clear_requests(self) -> None:
+        self.transport.requests.clear()
+
+    def advance(self, seconds: float) -> None:
+        self.state.clock.advance(seconds)
+
+
+def _as_sim(request):
+    from nexus_pipelines.local.simulators.http import to_sim_request
+
+    return to_sim_request(request)
