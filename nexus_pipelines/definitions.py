@@ -12,6 +12,7 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
 from nexus_pipelines import bindings
+from nexus_pipelines.connectors.definitions import build_connector_defs
 from nexus_pipelines.workqueue.definitions import build_workqueue_defs
 from nexus_pipelines.writeback import definitions as writeback
 
@@ -30,4 +31,5 @@ defs = Definitions.merge(
     Definitions(resources=build_resources()),
     build_workqueue_defs(bindings.build_handler_registry, bindings.build_route_table, bindings.QUEUE_CLASSES),
     writeback.defs,
+    build_connector_defs(),
 )

@@ -29,6 +29,11 @@ class NexusSettings(BaseSettings):
     )
     bq_project: str = Field(default="nexus-local", description="BigQuery project for queries and jobs.")
     bq_location: str = Field(default="US", description="BigQuery location for query jobs.")
+    connectors_dir: Path = Field(
+        default=PROJECT_ROOT / "configs" / "connectors",
+        description="The folder of connector registration files the code location loads (the local stack "
+        "points it at configs/connectors/local).",
+    )
     bq_emulator_url: str | None = Field(
         default=None,
         description="BigQuery emulator endpoint; unset means real BigQuery with Application Default Credentials.",

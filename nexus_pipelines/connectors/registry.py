@@ -10,12 +10,13 @@ from pathlib import Path
 from nexus_pipelines.connectors import gitlab
 from nexus_pipelines.connectors.core.registration import Registration, load_directory
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
-from nexus_pipelines.settings import PROJECT_ROOT
+from nexus_pipelines.settings import PROJECT_ROOT, load_settings
 
 REGISTRY = ConnectorRegistry([gitlab.SPEC])
-REGISTRATIONS_DIR = PROJECT_ROOT / "configs" / "connectors"
+LOCAL_REGISTRATIONS_DIR = PROJECT_ROOT / "configs" / "connectors" / "local"
 
 
-def load_registrations(directory: Path = REGISTRATIONS_DIR) -> dict[str, Registration]:
-    """The registration files the code location ships, by registration id."""
+def load_registrations(directory: Path | None = None) -> dict[str, Registration]:
+    """The registration files of `NEXUS_CONNECTORS_DIR` (or `directory`), by registration id."""
+    directory = directory or load_settings().connectors_dir
     return load_directory(directory, REGISTRY) if directory.is_dir() else {}

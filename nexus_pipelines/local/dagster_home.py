@@ -13,24 +13,17 @@ from pathlib import Path
 import psycopg
 import yaml
 
-# One writeback run per job at a time (the lease also enforces it); bounded drains.
-RUN_TAG_LIMITS = [
-    {"key": "nexus/writeback-job", "value": {"applyLimitPerUniqueValue": True}, "limit": 1},
-    {"key": "nexus/queue-drain", "limit": 4},
-    {"key": "nexus/receipt-router", "limit": 2},
-]
+from nexus_pipelines.settings import PROJECT_ROOT
+
+PRODUCTION_CONFIG = PROJECT_ROOT / "dagster.yaml"
 
 
 def instance_config(storage: dict) -> dict:
-    return {
-        "storage": {"postgres": storage},
-        "run_coordinator": {
-            "module": "dagster._core.run_coordinator",
-            "class": "QueuedRunCoordinator",
-        },
-        "concurrency": {"runs": {"max_concurrent_runs": 10, "tag_concurrency_limits": RUN_TAG_LIMITS}},
-        "telemetry": {"enabled": False},
-    }
+    """The production instance config (run coordinator, run tag limits) with `storage` in place
+    of its Postgres settings: the tag limits the jobs rely on exist once, in dagster.yaml."""
+    config = yaml.safe_load(PRODUCTION_CONFIG.read_text())
+    config["storage"] = {"postgres": storage}
+    return config
 
 
 def sqlalchemy_url(dsn: str) -> str:

@@ -5,7 +5,8 @@
    that the simulated CRM's validation rule rejects per record;
 3. serve the NexusCRM simulator over real HTTP on loopback (local mode allows http);
 4. run `month_end_arr` through its asset graph, then run it again unchanged;
-5. print each run's ledger status, counts and the upsert calls it made.
+5. print each run's ledger status, counts and the upsert calls it made;
+6. run the GitLab issue intake and close-back (`demo_connectors.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,12 @@ def run_demo(echo: Callable[[str], None]) -> int:
     echo(f"stack ready in {time.monotonic() - started:.1f}s")
     os.environ.update({"NEXUS_PG_DSN": info.pg_dsn, "NEXUS_BQ_EMULATOR_URL": info.bq_emulator_url,
                        "NEXUS_BQ_PROJECT": settings.bq_project})
-    return _writeback_demo(echo, info, settings.bq_project)
+    writeback = _writeback_demo(echo, info, settings.bq_project)
+    echo("")
+    from nexus_pipelines.local.demo_connectors import run_connector_demo
+
+    intake = run_connector_demo(echo, dsn=info.pg_dsn, local_dir=settings.local_dir, instance=_instance(info))
+    return writeback or intake
 
 
 def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:

@@ -19,6 +19,7 @@ from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
 from nexus_pipelines.local.dagster_home import write_local_home
 from nexus_pipelines.local.postgres import EmbeddedPostgres, StackError, ensure_database
 from nexus_pipelines.settings import NexusSettings
+from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR
 
 DATABASE = "nexus"
 
@@ -99,6 +100,7 @@ class LocalStack:
                     f"export NEXUS_BQ_EMULATOR_URL='{bq_url}'",
                     f"export NEXUS_BQ_PROJECT='{self.settings.bq_project}'",
                     f"export DAGSTER_HOME='{self.dagster_home}'",
+                    f"export NEXUS_CONNECTORS_DIR='{LOCAL_REGISTRATIONS_DIR}'",
                     "",
                 ]
             )

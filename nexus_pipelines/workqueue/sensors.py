@@ -31,7 +31,7 @@ MAX_CONCURRENT_DRAINS = 4
 MAX_CONCURRENT_ROUTERS = 2
 ITEMS_PER_DRAIN = 10_000
 BUCKET_S = 60
-_IN_FLIGHT = [
+IN_FLIGHT = [
     DagsterRunStatus.QUEUED,
     DagsterRunStatus.NOT_STARTED,
     DagsterRunStatus.STARTING,
@@ -40,7 +40,7 @@ _IN_FLIGHT = [
 
 
 def _in_flight(context: SensorEvaluationContext, job_name: str) -> int:
-    return context.instance.get_runs_count(RunsFilter(job_name=job_name, statuses=_IN_FLIGHT))
+    return context.instance.get_runs_count(RunsFilter(job_name=job_name, statuses=IN_FLIGHT))
 
 
 def drain_requests(

@@ -71,6 +71,8 @@ class World(Protocol):
 
     def fail_next(self, operation: str, fault: str, times: int = 1) -> None: ...
 
+    def clear_faults(self) -> None: ...
+
     def requests(self) -> list[tuple[str, str]]:
         """(operation, method) of every request the transport received, in order."""
 

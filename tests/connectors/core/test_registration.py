@@ -8,7 +8,7 @@ from nexus_pipelines.connectors.core.compose import CompositionError, compose
 from nexus_pipelines.connectors.core.registration import RegistrationError, from_canonical, parse_registration
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.connectors.gitlab import SPEC
-from nexus_pipelines.connectors.registry import REGISTRY, load_registrations
+from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, REGISTRY, load_registrations
 
 
 def data(**provider):
@@ -83,5 +83,7 @@ def test_the_static_registry_refuses_duplicate_kinds_and_schema_ids():
 
 
 def test_the_shipped_registrations_load():
-    for registration in load_registrations().values():
-        assert registration.kind in REGISTRY
+    local = load_registrations(LOCAL_REGISTRATIONS_DIR)
+    examples = load_registrations(LOCAL_REGISTRATIONS_DIR.parent / "examples")
+    assert "acme/demo-gitlab" in local and "acme/platform-gitlab" in examples
+    assert all(r.kind in REGISTRY for r in [*local.values(), *examples.values()])

@@ -113,6 +113,9 @@ class GitLabWorld:
     def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
         self.state.faults.push(_OPERATIONS[operation], *[_fault(fault)] * times)
 
+    def clear_faults(self) -> None:
+        self.state.faults.clear()
+
     def requests(self) -> list[tuple[str, str]]:
         out = []
         for request in self.transport.requests:

@@ -1,0 +1,163 @@
+"""`nexus-pipelines connectors ...`: registrations, their poll state, manual polls, activation."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from nexus_pipelines.cli_common import UserError, control_connection, operator
+
+
+def _registrations():
+    from nexus_pipelines.connectors.core.registration import RegistrationError
+    from nexus_pipelines.connectors.registry import load_registrations
+
+    try:
+        return load_registrations()
+    except RegistrationError as exc:
+        raise UserError(str(exc)) from None
+
+
+def _select(keys: tuple[str, ...], *, everything: bool = False):
+    found = _registrations()
+    if everything or not keys:
+        if not found:
+            raise UserError("no registrations in configs/connectors/; add one (see the README)")
+        return list(found.values())
+    chosen = []
+    for key in keys:
+        matches = [r for rid, r in found.items() if key in (rid, r.key)]
+        if len(matches) != 1:
+            known = ", ".join(sorted(found)) or "none"
+            raise UserError(f"no single registration named {key!r} in configs/connectors/ (known: {known})")
+        chosen.append(matches[0])
+    return chosen
+
+
+@click.group("connectors")
+def connectors() -> None:
+    """Connector registrations: list, poll state, manual polls, activation of revisions."""
+
+
+@connectors.command("list")
+def list_cmd() -> None:
+    """The registration files, their revision and the permission each needs."""
+    from nexus_pipelines.connectors.registry import REGISTRY
+
+    for registration in _registrations().values():
+        click.echo(f"{registration.registration_id}\t{registration.kind}\t{registration.revision_id}\t"
+                   f"project={registration.project}\tpoll every {registration.poll_interval_seconds}s\t"
+                   f"needs: {REGISTRY[registration.kind].permissions}")
+
+
+@connectors.command("status")
+@click.argument("keys", nargs=-1)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
+def status_cmd(keys: tuple[str, ...], as_json: bool) -> None:
+    """Revisions with their cursor, schedule, failures and ticket counts."""
+    from nexus_pipelines.connectors.core import store
+    from nexus_pipelines.tickets.queries import counts_by_registration
+
+    ids = [r.registration_id for r in _select(keys)] if keys else None
+    with control_connection() as conn:
+        views = store.progress(conn, ids)
+        counts = counts_by_registration(conn)
+    if not views:
+        click.echo("no registration revision is registered yet: run `nexus-pipelines connectors activate`")
+    for view in views:
+        c = counts.get(view.registration_id)
+        row = {**view.__dict__, "tickets": c.__dict__ if c else None}
+        if as_json:
+            click.echo(json.dumps(row, default=str, sort_keys=True))
+            continue
+        tickets = f"tickets {c.total} ({c.untriaged} untriaged, {c.closed} closed at source)" if c else "no tickets"
+        failure = f"  failing x{view.failure_count}: {view.last_failure}" if view.failure_count else ""
+        click.echo(f"{view.registration_id} rev {view.revision_no} {view.revision_id} [{view.status}] "
+                   f"{'leased ' if view.leased else ''}next poll {view.next_poll_at:%Y-%m-%d %H:%M:%S}Z, "
+                   f"{view.pages} pages, {view.issues_delivered} issue versions, {tickets}{failure}")
+        if view.cursor:
+            click.echo(f"    cursor {view.cursor[:160]}")
+
+
+@connectors.command("activate")
+@click.argument("keys", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Every registration in configs/connectors/.")
+def activate_cmd(keys: tuple[str, ...], everything: bool) -> None:
+    """Make each registration file's current revision the polling one (the old revision drains first)."""
+    from nexus_pipelines.bindings import build_handler_registry, build_route_table
+    from nexus_pipelines.connectors.core.activation import ActivationRefused, activate
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.control.db import make_pool
+    from nexus_pipelines.tickets.handlers import route_versions
+    from nexus_pipelines.workqueue.generations import GenerationGateError
+    from nexus_pipelines.workqueue.receipts import route_receipts
+    from nexus_pipelines.workqueue.worker import drain
+
+    if not keys and not everything:
+        raise UserError("name the registrations to activate, or pass --all")
+    with control_connection() as conn:
+        pool = make_pool(conn.info.dsn, max_size=4)
+
+        def drain_old(registration_id: str, revision: int) -> None:
+            while route_receipts(conn, build_route_table(), owner=operator(), limit=500).claimed:
+                pass
+            drain(pool, build_handler_registry(pool), registration_ids=[registration_id], time_budget_s=120)
+
+        try:
+            for registration in _select(keys, everything=everything):
+                try:
+                    result = activate(conn, registration, REGISTRY, recorded_by=operator(),
+                                      route_versions=route_versions(), drain_old=drain_old)
+                except (ActivationRefused, GenerationGateError) as exc:
+                    raise UserError(f"{registration.registration_id}: {exc}") from None
+                if result.already_active:
+                    click.echo(f"{result.registration_id}: revision {result.revision_no} ({result.revision_id}) "
+                               "is already active")
+                    continue
+                retired = f", retired {', '.join(result.retired)}" if result.retired else ""
+                dead = f"; {result.dead_left_behind} dead work items of the old revision stay in the DLQ" \
+                    if result.dead_left_behind else ""
+                click.echo(f"{result.registration_id}: revision {result.revision_no} ({result.revision_id}) is "
+                           f"active and polls from its own cursor{retired}{dead}")
+        finally:
+            pool.close()
+
+
+@connectors.command("poll")
+@click.argument("keys", nargs=-1)
+@click.option("--max-ticks", default=1000, type=click.IntRange(1), help="At most this many pages.")
+@click.option("--time-budget", "time_budget_s", default=120.0, type=click.FloatRange(0, min_open=True))
+def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> None:
+    """Poll now (every active registration, or those named) and route what arrived."""
+    from nexus_pipelines.bindings import build_route_table
+    from nexus_pipelines.cli_common import operator as owner
+    from nexus_pipelines.connectors.core import store
+    from nexus_pipelines.connectors.core.compose import CachedComposer
+    from nexus_pipelines.connectors.core.executor import RetryExecutor
+    from nexus_pipelines.connectors.core.tick import poll
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.workqueue.receipts import route_receipts
+
+    ids = [r.registration_id for r in _select(keys)] if keys else None
+    composer = CachedComposer(REGISTRY)
+    try:
+        with control_connection() as conn:
+            if not store.request_poll(conn, ids):
+                raise UserError("no active registration revision to poll: run `nexus-pipelines connectors activate`")
+            report = poll(conn, REGISTRY, composer, owner=owner(), executor=RetryExecutor(), registration_ids=ids,
+                          max_ticks=max_ticks, time_budget_s=time_budget_s)
+            routed = 0
+            while (step := route_receipts(conn, build_route_table(), owner=owner(), limit=500)).claimed:
+                routed += step.materialized
+    finally:
+        composer.close()
+    for tick in report.ticks:
+        if tick.outcome != "page":
+            click.echo(f"{tick.revision_id}: {tick.outcome}: {tick.failure} (next poll in {tick.retry_in_s}s)")
+    t = report.totals
+    click.echo(f"polled {t['pages']} pages: {t['issues_seen']} issues, {t['admitted']} new versions, "
+               f"{t['unchanged']} unchanged, {t['excluded']} excluded, {t['failures']} failed ticks; routed {routed} "
+               "receipts (run `nexus-pipelines queue drain` to apply them)")
+    if any(tick.failure_class == "terminal" for tick in report.ticks):
+        raise SystemExit(1)

@@ -1,0 +1,83 @@
+"""Dagster jobs of the connectors: the poll run and the tickets observation."""
+
+import os
+import socket
+import uuid
+
+from dagster import Config, Failure, MetadataValue, OpExecutionContext, Out, job, op
+from pydantic import Field
+
+from nexus_pipelines.connectors.assets import tickets_observation
+from nexus_pipelines.connectors.core.compose import CachedComposer
+from nexus_pipelines.connectors.core.executor import RetryExecutor
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.tick import TickReport, poll
+from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.integrations.http import CallCounter
+from nexus_pipelines.tickets.queries import counts_by_registration
+
+POLL_TAG = "nexus/connector-poll"
+
+
+class PollConfig(Config):
+    registrations: list[str] | None = Field(
+        default=None, description="Registration ids (tenant/key) to poll; every due registration when unset.")
+    max_ticks: int = Field(default=1000, ge=1, description="At most this many pages (one per tick).")
+    time_budget_s: float = Field(default=240.0, gt=0, description="Stop claiming ticks after this many seconds.")
+
+
+def _tick_line(tick: TickReport) -> str:
+    if tick.outcome == "page":
+        return (f"{tick.revision_id}: {tick.issues} issues ({tick.admitted} new versions, "
+                f"{tick.issues - tick.admitted} unchanged, {tick.excluded} excluded), "
+                f"{'scan complete' if tick.exhausted else 'more pages'}, cursor {(tick.cursor or '')[:100]}")
+    return f"{tick.revision_id}: {tick.outcome} {tick.failure} (next poll in {tick.retry_in_s}s)"
+
+
+@op(out=Out(dict), description="Poll due connector registrations, one bounded page per fenced tick.")
+def connectors_poll_op(context: OpExecutionContext, config: PollConfig, control_plane: ControlPlaneResource) -> dict:
+    counter = CallCounter()
+    composer = CachedComposer(REGISTRY, ComposeContext(counter=counter))
+    owner = f"dagster:{context.run_id[:8]}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+    try:
+        with control_plane.connection() as conn:
+            report = poll(conn, REGISTRY, composer, owner=owner, executor=RetryExecutor(),
+                          registration_ids=config.registrations, max_ticks=config.max_ticks,
+                          time_budget_s=config.time_budget_s, on_tick=lambda t: context.log.info(_tick_line(t)))
+            counts = counts_by_registration(conn)
+    finally:
+        composer.close()
+    totals = {**report.totals, "api_calls": counter.total()}
+    touched = sorted({t.registration_id for t in report.ticks})
+    for rid in touched:
+        last = [t for t in report.ticks if t.registration_id == rid][-1]
+        context.log_event(tickets_observation(rid, counts.get(rid), last_poll_cursor=last.cursor or "(none)"))
+    cursors = {t.registration_id: t.cursor for t in report.ticks if t.cursor}
+    metadata = {**{k: MetadataValue.int(v) for k, v in totals.items()}, "stopped": MetadataValue.text(report.stopped),
+                "cursor_position": MetadataValue.json(cursors)}
+    context.log.info(f"poll stopped ({report.stopped}): {totals}")
+    terminal = [t for t in report.ticks if t.failure_class == "terminal"]
+    if terminal:
+        raise Failure(description="; ".join(f"{t.revision_id} {t.failure}" for t in terminal)[:1000],
+                      metadata=metadata)
+    context.add_output_metadata(metadata)
+    return {"totals": totals, "stopped": report.stopped}
+
+
+@job(name="connectors_poll", tags={POLL_TAG: "poll"}, description="Poll connector registrations for issues.")
+def connectors_poll_job():
+    connectors_poll_op()
+
+
+@op(description="Observe ticket counts of every connector registration.")
+def tickets_observe_op(context: OpExecutionContext, control_plane: ControlPlaneResource) -> None:
+    with control_plane.connection() as conn:
+        counts = counts_by_registration(conn)
+    for rid, value in sorted(counts.items()):
+        context.log_event(tickets_observation(rid, value))
+
+
+@job(name="tickets_observe", description="Record ticket counts per registration as asset observations.")
+def tickets_observe_job():
+    tickets_observe_op()

@@ -1,0 +1,91 @@
+"""Read models of tickets for the CLI, the Dagster observations and (later) the pages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from psycopg import Connection
+from psycopg.rows import dict_row
+
+
+@dataclass(frozen=True)
+class TicketCounts:
+    total: int
+    untriaged: int
+    open: int
+    closed: int  # closed at the source by a close-back receipt
+
+
+def counts_by_registration(conn: Connection) -> dict[str, TicketCounts]:
+    rows = conn.execute(
+        """SELECT l.tenant || '/' || l.registration_key, count(*),
+                  count(*) FILTER (WHERE t.triage_state = 'UNTRIAGED'), count(*) FILTER (WHERE t.status = 'open'),
+                  count(r.command_id)
+             FROM ticket_custody_links l JOIN tickets t USING (ticket_id)
+             LEFT JOIN ticket_close_receipts r ON r.ticket_id = t.ticket_id
+            GROUP BY 1"""
+    ).fetchall()
+    return {row[0]: TicketCounts(*row[1:]) for row in rows}
+
+
+@dataclass(frozen=True)
+class TicketRow:
+    ticket_id: int
+    registration_id: str
+    external_ref: str
+    title: str
+    status: str
+    triage_state: str
+    priority: str
+    source_state: str
+    updated_at: datetime
+    closed_at_source: bool
+
+
+def list_tickets(conn: Connection, *, registration_id: str | None = None, status: str | None = None,
+                 triage_state: str | None = None, limit: int = 50, after_id: int = 0) -> list[TicketRow]:
+    rows = conn.execute(
+        """SELECT t.ticket_id, l.tenant || '/' || l.registration_key, l.external_ref, t.title, t.status,
+                  t.triage_state, t.priority, t.source_state, t.updated_at,
+                  EXISTS (SELECT 1 FROM ticket_close_receipts r WHERE r.ticket_id = t.ticket_id)
+             FROM tickets t JOIN ticket_custody_links l USING (ticket_id)
+            WHERE t.ticket_id > %(after)s
+              AND (%(reg)s::text IS NULL OR l.tenant || '/' || l.registration_key = %(reg)s)
+              AND (%(status)s::text IS NULL OR t.status = %(status)s)
+              AND (%(triage)s::text IS NULL OR t.triage_state = %(triage)s)
+            ORDER BY t.ticket_id LIMIT %(limit)s""",
+        {"after": after_id, "reg": registration_id, "status": status, "triage": triage_state, "limit": limit},
+    ).fetchall()
+    return [TicketRow(*row) for row in rows]
+
+
+def ticket_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
+    with conn.cursor(row_factory=dict_row) as cur:
+        ticket = cur.execute(
+            """SELECT t.*, l.tenant || '/' || l.registration_key AS registration_id, l.external_ref, l.display_url,
+                      l.connector_kind
+                 FROM tickets t LEFT JOIN ticket_custody_links l USING (ticket_id) WHERE t.ticket_id = %s""",
+            (ticket_id,),
+        ).fetchone()
+        if ticket is None:
+            return None
+        ticket["observations"] = cur.execute(
+            """SELECT observation_id, source_updated_at, source_digest, observed_at FROM ticket_observations
+                WHERE ticket_id = %s ORDER BY observation_id""", (ticket_id,)).fetchall()
+        ticket["priority_facts"] = cur.execute(
+            "SELECT priority, prior_priority, actor, reason, recorded_at FROM ticket_priority_facts"
+            " WHERE ticket_id = %s ORDER BY fact_id", (ticket_id,)).fetchall()
+        ticket["triage_facts"] = cur.execute(
+            "SELECT triage_state, actor, reason, recorded_at FROM ticket_triage_facts WHERE ticket_id = %s"
+            " ORDER BY fact_id", (ticket_id,)).fetchall()
+        ticket["proofs"] = cur.execute(
+            "SELECT proof_id, evidence, recorded_by, recorded_at FROM ticket_proofs WHERE ticket_id = %s"
+            " ORDER BY proof_id", (ticket_id,)).fetchall()
+        ticket["close_commands"] = cur.execute(
+            """SELECT c.command_id, c.status, c.dispatches, c.last_result, c.last_detail, r.comment_ref,
+                      r.recorded_at AS receipt_at
+                 FROM ticket_close_commands c LEFT JOIN ticket_close_receipts r USING (command_id)
+                WHERE c.ticket_id = %s ORDER BY c.created_at""", (ticket_id,)).fetchall()
+    return ticket
