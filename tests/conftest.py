@@ -106,3 +106,13 @@ def bq_dataset(bq_client) -> str:
     name = f"ds_{uuid.uuid4().hex[:10]}"
     bq_client.create_dataset(name)
     return name
+
+
+@pytest.fixture(scope="module")
+def pool(control_dsn: str):
+    """A connection pool on this module's control-plane database."""
+    from nexus_pipelines.control.db import make_pool
+
+    pool = make_pool(control_dsn, max_size=8)
+    yield pool
+    pool.close()

@@ -3,9 +3,10 @@ observations (CX-06, CX-07, CX-11).
 
 The first observation of an external reference creates exactly one ticket, its custody
 link, the automatic P2 priority fact, the UNTRIAGED triage fact and the observation,
-in one transaction. An unchanged replay writes nothing; a changed digest appends one
-observation and makes one deterministic ticket update; an older version than the one
-already observed is ignored. Provider content is external and untrusted: it can change
+in one transaction. An unchanged replay writes nothing (the observation is unique by
+source digest); a new digest appends one observation and makes one deterministic
+ticket update, unless it is older than a version already observed (then only the
+observation is kept). Provider content is external and untrusted: it can change
 title, description, labels and the recorded source state, never the ticket's
 lifecycle, triage, priority or close eligibility.
 """
@@ -62,18 +63,13 @@ def apply_observation(
     if row is None:
         return IntakeResult("created", _create(conn, key, project, issue, digest, labels, work_id, work_token))
     (ticket_id,) = row
-    latest = conn.execute(
-        """SELECT source_updated_at, source_digest FROM ticket_observations
-            WHERE ticket_id = %s ORDER BY source_updated_at DESC, observation_id DESC LIMIT 1""",
-        (ticket_id,),
+    if not _observe(conn, ticket_id, issue, digest, work_id, work_token):
+        return IntakeResult("unchanged", ticket_id)  # this exact version was observed before
+    (latest,) = conn.execute(
+        "SELECT max(source_updated_at) FROM ticket_observations WHERE ticket_id = %s", (ticket_id,)
     ).fetchone()
-    if latest[1] == digest:
-        return IntakeResult("unchanged", ticket_id)
-    if issue.external_updated_at < latest[0]:
-        return IntakeResult("stale", ticket_id)
-    inserted = _observe(conn, ticket_id, issue, digest, work_id, work_token)
-    if not inserted:
-        return IntakeResult("unchanged", ticket_id)
+    if issue.external_updated_at < latest:
+        return IntakeResult("stale", ticket_id)  # kept as a fact, but the ticket shows the newest version
     conn.execute(
         """UPDATE tickets
               SET title = %s, description = %s, labels = %s, source_state = %s, source_updated_at = %s,
@@ -120,7 +116,7 @@ def _observe(conn: Connection, ticket_id: int, issue: ExternalIssue, digest: str
         """INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
                                             work_token)
            VALUES (%s, %s, %s, %s, %s, %s, %s)
-           ON CONFLICT (ticket_id, source_updated_at, source_digest) DO NOTHING""",
+           ON CONFLICT (ticket_id, source_digest) DO NOTHING""",
         (ticket_id, issue.external_ref, digest, issue.external_updated_at, Jsonb(issue.model_dump(mode="json")),
          work_id, work_token),
     ).rowcount == 1

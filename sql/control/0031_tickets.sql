@@ -43,7 +43,8 @@ CREATE TABLE ticket_custody_links (
 CREATE TRIGGER ticket_custody_links_immutable BEFORE UPDATE OR DELETE ON ticket_custody_links
     FOR EACH ROW EXECUTE FUNCTION tickets_append_only();
 
--- Immutable source observations (CX-07), one per distinct (provider time, digest).
+-- Immutable source observations (CX-07): one per distinct source version digest (the
+-- digest covers the provider's update time, so a reverted edit is a new version).
 CREATE TABLE ticket_observations (
     observation_id      bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     ticket_id           bigint NOT NULL REFERENCES tickets (ticket_id),
@@ -54,7 +55,7 @@ CREATE TABLE ticket_observations (
     work_id             bigint NOT NULL,
     work_token          bigint NOT NULL,
     observed_at         timestamptz NOT NULL DEFAULT clock_timestamp(),
-    UNIQUE (ticket_id, source_updated_at, source_digest)
+    UNIQUE (ticket_id, source_digest)
 );
 CREATE INDEX ticket_observations_latest ON ticket_observations (ticket_id, source_updated_at DESC, observation_id DESC);
 CREATE TRIGGER ticket_observations_immutable BEFORE UPDATE OR DELETE ON ticket_observations

@@ -1,0 +1,75 @@
+"""The ticket work types: fenced by the work item's token, strict about their payloads."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue.handlers import PermanentError
+from tests.connectors.gitlab.harness import GitLabWorld
+from tests.connectors.support import Plant, counts
+
+
+def _claimed_observation(plant, pool, key):
+    registration = plant.world.registration(key=key)
+    plant.activate(registration)
+    plant.world.add_issues(1)
+    plant.poll([registration])
+    plant.route()
+    with pool.connection() as conn:
+        (item,) = claims.claim_batch(conn, owner="slow-worker", limit=1, lease_ttl=timedelta(seconds=30),
+                                     registration_ids=[registration.registration_id])
+    return registration, item
+
+
+def test_a_holder_whose_lease_expired_writes_no_ticket(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, item = _claimed_observation(plant, pool, "fence-expired")
+    with pool.connection() as conn:
+        conn.execute("UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE work_id = %s",
+                     (item.work_id,))
+    assert plant.handlers.observe(item) == "lease_lost"
+    with pool.connection() as conn:
+        assert counts(conn, registration)["tickets"] == 0
+
+
+def test_a_holder_whose_item_was_reclaimed_writes_no_ticket_and_the_new_holder_does(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, stale = _claimed_observation(plant, pool, "fence-reclaimed")
+    with pool.connection() as conn:
+        conn.execute("UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE work_id = %s",
+                     (stale.work_id,))
+        claims.reclaim_expired(conn)
+        conn.execute("UPDATE connector_work_items SET run_after = now() WHERE work_id = %s", (stale.work_id,))
+        (fresh,) = claims.claim_batch(conn, owner="new-worker", limit=1, lease_ttl=timedelta(seconds=30),
+                                      registration_ids=[registration.registration_id])
+    assert fresh.token > stale.token
+    assert plant.handlers.observe(stale) == "lease_lost"
+    assert plant.handlers.observe(fresh) == "created"
+    with pool.connection() as conn:
+        assert counts(conn, registration)["tickets"] == 1
+
+
+def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, item = _claimed_observation(plant, pool, "digest-mismatch")
+    tampered = dict(item.payload)
+    tampered["issue"] = {**tampered["issue"], "title": "changed after the digest was taken"}
+    forged = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__}, "payload": tampered})
+    try:
+        plant.handlers.observe(forged)
+        raised = False
+    except PermanentError as exc:
+        raised = "does not match its source digest" in str(exc)
+    assert raised
+    broken = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
+                           "payload": {"issue": json.loads('{"title": 1}'), "digest": "x"}})
+    try:
+        plant.handlers.observe(broken)
+        raised = False
+    except PermanentError as exc:
+        raised = "carries no valid issue" in str(exc)
+    assert raised
+    with pool.connection() as conn:
+        assert counts(conn, registration)["tickets"] == 0
