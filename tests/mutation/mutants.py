@@ -1,0 +1,84 @@
+"""The seed's mutation requirement: remove, one at a time, exact dedup, the proof-eligibility
+check, marker reconciliation and fencing, and show that the suite fails for each.
+
+Each mutant is a copy of the project with one guard replaced; the connector suites then
+run against the copy (`python -m pytest` with the copy as working directory, so the
+copy's package is imported). A mutant is killed when that run fails its tests.
+Run directly (`python tests/mutation/mutants.py`) or through test_mutants_are_killed.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGETS = ("tests/connectors/gitlab/test_acceptance.py", "tests/connectors/gitlab/test_conformance.py",
+           "tests/tickets")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str
+    old: str
+    new: str
+
+
+MUTANTS = (
+    Mutant("custody dedup", "nexus_pipelines/tickets/intake.py", "    if row is None:\n", "    if True:\n"),
+    Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
+           " ORDER BY d.ord\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n", " ORDER BY d.ord\n"),
+    Mutant("proof eligibility", "nexus_pipelines/tickets/proofs.py",
+           'if status == "cancelled" or triage in ("DUPLICATE", "REJECTED"):', "if False:"),
+    Mutant("marker reconciliation after an ambiguous write", "nexus_pipelines/connectors/gitlab/adapter.py",
+           "        if not problem.maybe_written:\n            return None, _close_failure(problem)",
+           "        if True:\n            return None, _close_failure(problem)"),
+    Mutant("marker reconciliation before a repeated dispatch", "nexus_pipelines/connectors/gitlab/adapter.py",
+           "        if command.reconcile_first:", "        if False:"),
+    Mutant("poll fencing", "nexus_pipelines/connectors/core/store.py",
+           "    if conn.execute(_HOLD, (r.tenant, r.key, r.revision_id, claim.token)).fetchone() is None:",
+           "    if False:"),
+    Mutant("work item fencing", "nexus_pipelines/tickets/handlers.py",
+           "            if not lock_fence(conn, item):\n                return LOST\n            result",
+           "            if False:\n                return LOST\n            result"),
+)
+
+
+def _copy_project(target: Path) -> None:
+    for name in ("nexus_pipelines", "tests", "sql", "configs"):
+        shutil.copytree(ROOT / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
+        shutil.copy(ROOT / name, target / name)
+
+
+def run_mutant(mutant: Mutant) -> dict:
+    with tempfile.TemporaryDirectory(prefix="nexus-mutant-") as folder:
+        copy = Path(folder)
+        _copy_project(copy)
+        source = copy / mutant.path
+        text = source.read_text()
+        if text.count(mutant.old) != 1:
+            return {"mutant": mutant.name, "killed": False, "why": "the guard to remove was not found exactly once"}
+        source.write_text(text.replace(mutant.old, mutant.new))
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TARGETS],
+                                cwd=copy, capture_output=True, text=True, timeout=600)
+        tail = result.stdout.strip().splitlines()[-1:] or [""]
+        # exit code 1 is "tests failed"; 2-5 are errors that prove nothing about the guard
+        return {"mutant": mutant.name, "killed": result.returncode == 1, "exit": result.returncode, "why": tail[0]}
+
+
+def main() -> int:
+    results = [run_mutant(m) for m in MUTANTS]
+    for result in results:
+        print(json.dumps(result))
+    return 0 if all(r["killed"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
