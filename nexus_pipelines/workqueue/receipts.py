@@ -112,17 +112,18 @@ def admit_receipt(conn: Connection, receipt: ReceiptIn) -> AdmitResult:
     return AdmitResult(existing, False)
 
 
+# One JSON document per page: psycopg's text-array dumping escapes every element in Python,
+# which cost more than the insert itself for pages of issue bodies.
 _ADMIT_MANY = """
 INSERT INTO ingress_receipts (registration_id, revision, namespace, delivery_id, route_key, event_kind,
                               received_at, correlation, body, payload_hash, max_routing_attempts)
 SELECT d.registration_id, d.revision, d.namespace, d.delivery_id, d.route_key, d.event_kind, d.received_at,
        d.correlation, d.body, d.payload_hash, d.max_attempts
-  FROM unnest(%(regs)s::text[], %(revs)s::int[], %(namespaces)s::text[], %(deliveries)s::text[],
-              %(routes)s::text[], %(kinds)s::text[], %(received)s::timestamptz[], %(correlations)s::jsonb[],
-              %(bodies)s::jsonb[], %(hashes)s::text[], %(max)s::int[])
-       WITH ORDINALITY AS d(registration_id, revision, namespace, delivery_id, route_key, event_kind, received_at,
-                            correlation, body, payload_hash, max_attempts, ord)
- ORDER BY d.ord
+  FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb)
+       AS (registration_id text, revision int, namespace text, delivery_id text, route_key text, event_kind text,
+           received_at timestamptz, correlation jsonb, body jsonb, payload_hash text, max_attempts int))
+       WITH ORDINALITY AS d
+ ORDER BY d.ordinality
 ON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING
 """
 
@@ -137,22 +138,14 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> int:
         return 0
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
-    return conn.execute(
-        _ADMIT_MANY,
-        {
-            "regs": [r.registration_id for r in receipts],
-            "revs": [r.revision for r in receipts],
-            "namespaces": [r.namespace for r in receipts],
-            "deliveries": [r.delivery_id for r in receipts],
-            "routes": [r.route_key for r in receipts],
-            "kinds": [r.event_kind for r in receipts],
-            "received": [r.received_at for r in receipts],
-            "correlations": [Jsonb(r.correlation) for r in receipts],
-            "bodies": [Jsonb(r.body) for r in receipts],
-            "hashes": [payload_hash(r.body) for r in receipts],
-            "max": [r.max_routing_attempts for r in receipts],
-        },
-    ).rowcount
+    rows = [
+        {"registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
+         "delivery_id": r.delivery_id, "route_key": r.route_key, "event_kind": r.event_kind,
+         "received_at": r.received_at.isoformat(), "correlation": r.correlation, "body": r.body,
+         "payload_hash": payload_hash(r.body), "max_attempts": r.max_routing_attempts}
+        for r in receipts
+    ]
+    return conn.execute(_ADMIT_MANY, {"rows": Jsonb(rows)}).rowcount
 
 
 # --- materialization specs -------------------------------------------------------------
