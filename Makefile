@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo dev up status down migrate bench-writeback bench-workqueue bench-chaos lock clean
+.PHONY: install test demo dev up status down migrate bench-writeback bench-workqueue bench-chaos bench-polling lock clean
 
 install: $(STAMP)
 
@@ -46,6 +46,9 @@ bench-workqueue: $(STAMP)
 
 bench-chaos: $(STAMP)
 	$(BIN)/python bench/workqueue_chaos.py
+
+bench-polling: $(STAMP)
+	$(BIN)/python bench/polling.py --provider gitlab
 
 # Refresh the pins after changing dependencies in pyproject.toml.
 lock: $(STAMP)
