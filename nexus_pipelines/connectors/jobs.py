@@ -15,7 +15,7 @@ from nexus_pipelines.connectors.core.tick import TickReport, poll
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.http import CallCounter
-from nexus_pipelines.tickets.queries import counts_by_registration
+from nexus_pipelines.tickets.queries import counts_by_registration, linked_refs
 
 POLL_TAG = "nexus/connector-poll"
 
@@ -46,9 +46,12 @@ def connectors_poll_op(context: OpExecutionContext, config: PollConfig, control_
                           registration_ids=config.registrations, max_ticks=config.max_ticks,
                           time_budget_s=config.time_budget_s, on_tick=lambda t: context.log.info(_tick_line(t)))
             counts = counts_by_registration(conn)
+            linked = linked_refs(conn, [(t.registration_id, ref) for t in report.ticks for ref in t.admitted_refs])
     finally:
         composer.close()
-    totals = {**report.totals, "api_calls": counter.total()}
+    new_tickets = sum(1 for t in report.ticks for ref in t.admitted_refs if (t.registration_id, ref) not in linked)
+    totals = {**report.totals, "new_tickets": new_tickets, "ticket_updates": report.totals["admitted"] - new_tickets,
+              "api_calls": counter.total()}
     touched = sorted({t.registration_id for t in report.ticks})
     for rid in touched:
         last = [t for t in report.ticks if t.registration_id == rid][-1]

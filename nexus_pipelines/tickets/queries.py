@@ -30,6 +30,20 @@ def counts_by_registration(conn: Connection) -> dict[str, TicketCounts]:
     return {row[0]: TicketCounts(*row[1:]) for row in rows}
 
 
+def linked_refs(conn: Connection, refs: list[tuple[str, str]]) -> set[tuple[str, str]]:
+    """Which (registration id, external ref) pairs already have a ticket."""
+    if not refs:
+        return set()
+    rows = conn.execute(
+        """SELECT l.tenant || '/' || l.registration_key, l.external_ref
+             FROM ticket_custody_links l
+             JOIN unnest(%s::text[], %s::text[]) AS r(registration_id, external_ref)
+               ON l.tenant || '/' || l.registration_key = r.registration_id AND l.external_ref = r.external_ref""",
+        ([r for r, _ in refs], [e for _, e in refs]),
+    ).fetchall()
+    return {(row[0], row[1]) for row in rows}
+
+
 @dataclass(frozen=True)
 class TicketRow:
     ticket_id: int

@@ -125,17 +125,18 @@ SELECT d.registration_id, d.revision, d.namespace, d.delivery_id, d.route_key, d
        WITH ORDINALITY AS d
  ORDER BY d.ordinality
 ON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING
+RETURNING delivery_id
 """
 
 
-def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> int:
-    """Admit many deliveries with a body snapshot in one statement; returns how many were new.
+def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]:
+    """Admit many deliveries with a body snapshot in one statement; returns the delivery ids that were new.
 
     Redeliveries (same registration, namespace and delivery id) are skipped, as in
     `admit_receipt`; a poll page of unchanged issues therefore writes nothing.
     """
     if not receipts:
-        return 0
+        return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
     rows = [
@@ -145,7 +146,7 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> int:
          "payload_hash": payload_hash(r.body), "max_attempts": r.max_routing_attempts}
         for r in receipts
     ]
-    return conn.execute(_ADMIT_MANY, {"rows": Jsonb(rows)}).rowcount
+    return [row[0] for row in conn.execute(_ADMIT_MANY, {"rows": Jsonb(rows)})]
 
 
 # --- materialization specs -------------------------------------------------------------

@@ -48,6 +48,7 @@ def test_poll_route_drain_and_prove_through_the_dagster_jobs(served, control_dsn
     assert polled.success and polled.dagster_run.tags[POLL_TAG] == "poll"
     totals = polled.output_for_node("connectors_poll_op")["totals"]
     assert (totals["pages"], totals["issues_seen"], totals["admitted"], totals["api_calls"]) == (1, 3, 3, 1)
+    assert (totals["new_tickets"], totals["ticket_updates"]) == (3, 0)
     materialization = polled.get_step_success_events()[0].step_success_data  # the op finished
     assert materialization is not None
     observation = [e for e in polled.all_events if e.event_type_value == "ASSET_OBSERVATION"][0]
@@ -70,6 +71,12 @@ def test_poll_route_drain_and_prove_through_the_dagster_jobs(served, control_dsn
     assert not refused.success
     failure = next(e for e in refused.all_events if e.is_step_failure)
     assert "already has accepted success proof" in failure.step_failure_data.user_failure_data.description
+    with pool.connection() as conn:
+        store.request_poll(conn, [rid])
+    repolled = run(connectors_poll_job, control_dsn, instance,
+                   {"ops": {"connectors_poll_op": {"config": {"registrations": [rid]}}}})
+    totals = repolled.output_for_node("connectors_poll_op")["totals"]
+    assert (totals["new_tickets"], totals["ticket_updates"]) == (0, 1)  # the closed issue, observed once
     observed = run(tickets_observe_job, control_dsn, instance)
     assert any(e.asset_key == tickets_asset_key(rid) for e in observed.all_events
                if e.event_type_value == "ASSET_OBSERVATION")

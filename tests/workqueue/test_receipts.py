@@ -203,8 +203,8 @@ def test_bulk_admission_skips_redeliveries_and_routes_like_single_admission(cont
     now = datetime.now(timezone.utc)
     batch = [ReceiptIn(registration_id=reg, revision=1, namespace="poll", delivery_id=f"d{i}", route_key="k",
                        received_at=now, body={"n": i}) for i in range(3)]
-    assert admit_receipts(control_conn, batch) == 3
-    assert admit_receipts(control_conn, batch[1:] + [batch[0].model_copy(update={"delivery_id": "d9"})]) == 1
+    assert admit_receipts(control_conn, batch) == ["d0", "d1", "d2"]
+    assert admit_receipts(control_conn, batch[1:] + [batch[0].model_copy(update={"delivery_id": "d9"})]) == ["d9"]
     rows = control_conn.execute(
         "SELECT delivery_id, routing_status, payload_hash FROM ingress_receipts WHERE registration_id = %s"
         " ORDER BY receipt_id", (reg,)).fetchall()

@@ -205,19 +205,20 @@ class IssueVersion:
 
 
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
-                exhausted: bool) -> int:
+                exhausted: bool) -> list[str]:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
-    Returns how many receipts were new (an unchanged re-poll admits none). Raises
-    PollLeaseLost, writing nothing, when the claim is no longer current.
+    Returns the external refs whose version was new (an unchanged re-poll admits none).
+    Raises PollLeaseLost, writing nothing, when the claim is no longer current.
     """
     r = claim.registration
     with conn.transaction():
         _hold(conn, claim)
+        by_delivery = {_delivery_id(v): v.external_ref for v in versions}
         admitted = admit_receipts(conn, [
             ReceiptIn(
                 registration_id=r.registration_id, revision=claim.revision_no, namespace=POLL_NAMESPACE,
-                delivery_id=f"{v.external_ref}@{v.updated_at.isoformat()}#{v.digest.removeprefix('sha256:')[:16]}",
+                delivery_id=_delivery_id(v),
                 route_key=OBSERVE_ROUTE_KEY, received_at=v.updated_at, event_kind="issue_version",
                 correlation={"external_ref": v.external_ref, "revision_id": r.revision_id}, body=v.body,
             )
@@ -235,7 +236,12 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
             {"cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
              "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
         )
-    return admitted
+    return [by_delivery[d] for d in admitted]
+
+
+def _delivery_id(version: IssueVersion) -> str:
+    """One delivery per issue version: its ref, provider update time and digest."""
+    return f"{version.external_ref}@{version.updated_at.isoformat()}#{version.digest.removeprefix('sha256:')[:16]}"
 
 
 def record_failure(conn: Connection, claim: PollClaim, *, failure_class: str, reason: str, detail: str,

@@ -55,6 +55,7 @@ class TickReport:
     outcome: str  # page | failure | lost
     issues: int = 0
     admitted: int = 0  # new receipts (issue versions not seen before)
+    admitted_refs: list[str] = field(default_factory=list)
     excluded: int = 0
     exhausted: bool = False
     cursor: str | None = None
@@ -117,8 +118,9 @@ def run_tick(
     versions = [_version(issue, registration) for issue in result.issues]
     started = time.perf_counter()
     try:
-        report.admitted = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor,
-                                            exhausted=result.exhausted)
+        report.admitted_refs = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor,
+                                                 exhausted=result.exhausted)
+        report.admitted = len(report.admitted_refs)
     except store.PollLeaseLost as exc:
         report.outcome, report.failure = "lost", str(exc)
         return report
