@@ -23,8 +23,8 @@ TOKEN = "glpat-dagster-test-0123456789abcdef"
 
 
 @pytest.fixture
-def served(tmp_path, monkeypatch):
-    gitlab, stop = serve_gitlab(tmp_path, key="dagster-served", token=TOKEN)
+def served(tmp_path, monkeypatch, request):
+    gitlab, stop = serve_gitlab(tmp_path, key=f"dagster-{abs(hash(request.node.name)) % 10**6}", token=TOKEN)
     monkeypatch.setenv(gitlab.token_env, TOKEN)
     yield gitlab
     stop()
