@@ -144,10 +144,12 @@ def _check_pair(reason: str, retry_class: str) -> None:
         raise ValueError(f"reason {reason!r} is not a {retry_class} reason")
 
 
-class FetchFailure(BaseModel):
+class _Failure(BaseModel):
+    """What every failure carries: its class, a reason from the closed set, a bounded detail,
+    and, for throttling only, the provider's requested wait."""
+
     model_config = _STRICT
 
-    kind: Literal["fetch_failure"] = "fetch_failure"
     retry_class: RetryClass
     reason: Reason
     detail: Detail = ""
@@ -159,6 +161,10 @@ class FetchFailure(BaseModel):
         if self.retry_after_seconds is not None and self.reason != "throttled":
             raise ValueError("only a throttled failure carries retry_after_seconds")
         return self
+
+
+class FetchFailure(_Failure):
+    kind: Literal["fetch_failure"] = "fetch_failure"
 
 
 class CloseExternalIssue(BaseModel):
@@ -198,22 +204,9 @@ class ConnectorReceipt(BaseModel):
     closed: Literal[True] = True
 
 
-class CloseFailure(BaseModel):
-    model_config = _STRICT
-
+class CloseFailure(_Failure):
     kind: Literal["close_failure"] = "close_failure"
-    retry_class: RetryClass
-    reason: Reason
     write_disposition: Literal["not_written", "reconciled_absent"]
-    detail: Detail = ""
-    retry_after_seconds: Annotated[float, Field(ge=0, le=86_400)] | None = None
-
-    @model_validator(mode="after")
-    def _closed_combinations(self) -> Self:
-        _check_pair(self.reason, self.retry_class)
-        if self.retry_after_seconds is not None and self.reason != "throttled":
-            raise ValueError("only a throttled failure carries retry_after_seconds")
-        return self
 
 
 class AmbiguousWrite(BaseModel):
