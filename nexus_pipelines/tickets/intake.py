@@ -80,33 +80,42 @@ def apply_observation(
     return IntakeResult("updated", ticket_id)
 
 
+_CREATE = """
+WITH ticket AS (
+    INSERT INTO tickets (tenant, project, title, description, labels, priority, triage_state, source_state,
+                         source_updated_at, source_digest)
+    VALUES (%(tenant)s, %(project)s, %(title)s, %(description)s, %(labels)s, %(priority)s, 'UNTRIAGED', %(state)s,
+            %(updated_at)s, %(digest)s)
+    RETURNING ticket_id
+), link AS (
+    INSERT INTO ticket_custody_links (tenant, registration_key, external_ref, ticket_id, connector_kind, display_url,
+                                      linked_by_work_id)
+    SELECT %(tenant)s, %(key)s, %(ref)s, ticket_id, %(kind)s, %(url)s, %(work_id)s FROM ticket
+), priority AS (
+    INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason)
+    SELECT ticket_id, %(priority)s, NULL, %(actor)s, 'automatic default at intake; not an actor decision' FROM ticket
+), triage AS (
+    INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
+    SELECT ticket_id, 'UNTRIAGED', %(actor)s, 'created by connector intake' FROM ticket
+), observation AS (
+    INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
+                                     work_token)
+    SELECT ticket_id, %(ref)s, %(digest)s, %(updated_at)s, %(issue)s, %(work_id)s, %(work_token)s FROM ticket
+)
+SELECT ticket_id FROM ticket
+"""
+
+
 def _create(conn: Connection, key: CustodyKey, project: str, issue: ExternalIssue, digest: str, labels: list[str],
             work_id: int, work_token: int) -> int:
-    (ticket_id,) = conn.execute(
-        """INSERT INTO tickets (tenant, project, title, description, labels, priority, triage_state, source_state,
-                                source_updated_at, source_digest)
-           VALUES (%s, %s, %s, %s, %s, %s, 'UNTRIAGED', %s, %s, %s) RETURNING ticket_id""",
-        (key.tenant, project, issue.title, issue.description, labels, DEFAULT_PRIORITY, issue.external_state,
-         issue.external_updated_at, digest),
-    ).fetchone()
-    conn.execute(
-        """INSERT INTO ticket_custody_links (tenant, registration_key, external_ref, ticket_id, connector_kind,
-                                             display_url, linked_by_work_id)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)""",
-        (key.tenant, key.registration_key, key.external_ref, ticket_id, issue.connector_kind, issue.display_url,
-         work_id),
-    )
-    conn.execute(
-        """INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason)
-           VALUES (%s, %s, NULL, %s, 'automatic default at intake; not an actor decision')""",
-        (ticket_id, DEFAULT_PRIORITY, INTAKE_ACTOR),
-    )
-    conn.execute(
-        """INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
-           VALUES (%s, 'UNTRIAGED', %s, 'created by connector intake')""",
-        (ticket_id, INTAKE_ACTOR),
-    )
-    _observe(conn, ticket_id, issue, digest, work_id, work_token)
+    """The ticket, its custody link, the P2 and UNTRIAGED facts and the observation, in one statement."""
+    (ticket_id,) = conn.execute(_CREATE, {
+        "tenant": key.tenant, "key": key.registration_key, "ref": key.external_ref, "project": project,
+        "title": issue.title, "description": issue.description, "labels": labels, "priority": DEFAULT_PRIORITY,
+        "state": issue.external_state, "updated_at": issue.external_updated_at, "digest": digest,
+        "kind": issue.connector_kind, "url": issue.display_url, "work_id": work_id, "work_token": work_token,
+        "actor": INTAKE_ACTOR, "issue": Jsonb(issue.model_dump(mode="json")),
+    }).fetchone()
     return ticket_id
 
 
