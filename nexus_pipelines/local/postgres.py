@@ -44,10 +44,16 @@ class PostgresInfo:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def _free_port(preferred: int | None = None) -> int:
+    """`preferred` when it can be bound now, else any free port."""
+    for port in ([preferred] if preferred else []) + [0]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
+    raise StackError("no free port on 127.0.0.1")
 
 
 def _run_as() -> str | None:
@@ -89,7 +95,9 @@ class EmbeddedPostgres:
         self._prepare_permissions(pg.POSTGRES_BIN_PATH, user)
         if not (self.data_dir / "PG_VERSION").exists():
             self._call(pg.initdb, ["--auth=trust", "--encoding=utf8", "-U", SUPERUSER], user, "initdb")
-        port = _free_port()
+        # The recorded port again when it is free: shells and DAGSTER_HOME written earlier keep working.
+        recorded = int(self._port_file.read_text()) if self._port_file.exists() else None
+        port = _free_port(recorded)
         options = " ".join(
             ["-h 127.0.0.1", f"-p {port}", "-k ''"] + [f"-c {key}={value}" for key, value in self.settings.items()]
         )

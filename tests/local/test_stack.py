@@ -71,3 +71,17 @@ def test_an_unreachable_control_plane_is_one_clear_line_without_the_password(tmp
     assert result.exit_code == 1
     assert "cannot connect to NEXUS_PG_DSN (127.0.0.1:1/control)" in result.output
     assert "hunter2" not in result.output and "Traceback" not in result.output
+
+
+def test_a_restarted_server_keeps_its_port_so_earlier_shells_still_work(tmp_path):
+    from nexus_pipelines.local.postgres import FAST_SETTINGS, EmbeddedPostgres
+
+    server = EmbeddedPostgres(tmp_path / "pg", settings=FAST_SETTINGS)
+    first = server.start()
+    server.stop()
+    try:
+        again = server.start()
+        assert again.port == first.port
+        psycopg.connect(again.dsn(), connect_timeout=5).close()
+    finally:
+        server.stop()
