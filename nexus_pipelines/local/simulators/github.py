@@ -105,7 +105,7 @@ class Issue:
     number: int
     title: str
     body: str | None
-    user: User
+    user: User | None
     labels: list[str]
     created_at: datetime
     updated_at: datetime
@@ -312,7 +312,8 @@ def _issue_from_record(raw: dict[str, Any]) -> Issue:
         return datetime.fromisoformat(value) if value else None
 
     comments = [Comment(c["id"], c["body"], User(**c["user"]), when(c["created_at"])) for c in raw["comments"]]
-    return Issue(raw["id"], raw["number"], raw["title"], raw["body"], User(**raw["user"]), raw["labels"],
+    user = User(**raw["user"]) if raw["user"] else None
+    return Issue(raw["id"], raw["number"], raw["title"], raw["body"], user, raw["labels"],
                  when(raw["created_at"]), when(raw["updated_at"]), raw["state"], raw["state_reason"],
                  when(raw["closed_at"]), raw["is_pull_request"], comments)
 
@@ -328,7 +329,7 @@ def issue_payload(issue: Issue, repo: Repository, api: str) -> dict[str, Any]:
         "comments_url": f"{base}/comments", "events_url": f"{base}/events",
         "html_url": f"{web}/{repo.full_name}/{'pull' if issue.is_pull_request else 'issues'}/{issue.number}",
         "id": issue.id, "node_id": f"I_{issue.id}", "number": issue.number, "title": issue.title,
-        "user": issue.user.payload(),
+        "user": issue.user.payload() if issue.user else None,  # a deleted account
         "labels": [{"id": abs(hash(n)) % 10**9, "node_id": f"LA_{n}", "url": f"{api}/repos/{repo.full_name}/labels/{n}",
                     "name": n, "color": "d73a4a", "default": False, "description": None} for n in issue.labels],
         "state": issue.state, "state_reason": issue.state_reason, "locked": False, "assignee": None, "assignees": [],
