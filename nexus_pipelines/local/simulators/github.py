@@ -726,6 +726,19 @@ class Endpoints:
         return SimResponse.json(200, issue_payload(issue, self.repo, self.api))
 
 
+def app_key_pair() -> tuple[str, str]:
+    """(private PEM, public PEM) of a fresh 2048-bit App key: made when needed, never stored."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption()).decode()
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return private, public
+
+
 def build_github_app(state: GitHubState):
     return build_app(GitHubSimulator(state))
 
