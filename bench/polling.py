@@ -1,6 +1,6 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
-    python bench/polling.py --provider gitlab [--issues 10000] [--close-backs 1000]
+    python bench/polling.py --provider gitlab|github|both [--issues 10000] [--close-backs 1000]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
@@ -9,9 +9,14 @@ simulator in process (its time is measured at the transport and subtracted):
    code location's poll ticks, then route and drain them into tickets;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
-4. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance.
+4. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
+5. GitHub only, the rate-budget run: a sync that needs more requests than GitHub's primary
+   budget allows per window, on the simulator's real clock and the real retry executor;
+   the run waits for each reset through the durable poll schedule instead of failing or
+   hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
 
-The last line of stdout is one JSON object.
+Each provider prints one JSON line; the last line of stdout is one JSON object (with
+`both`, the two providers' objects under their names).
 """
 
 from __future__ import annotations
@@ -71,7 +76,28 @@ def _gitlab(issues: int):
     return world, operation_of
 
 
-PROVIDERS = {"gitlab": _gitlab}
+def _github(issues: int, **world_options):
+    from datetime import timedelta
+
+    from nexus_pipelines.local.simulators.github import GitHubSimulator
+    from nexus_pipelines.local.simulators.http import to_sim_request
+    from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+
+    world = GitHubWorld(**world_options)
+    start = world.state.clock.now() - timedelta(days=30)
+    for n in range(issues):
+        world.state.add_issue(REPOSITORY_ID, title=f"Issue {n}", body=f"Body {n}", labels=["bug"],
+                              updated_at=start + timedelta(seconds=n // 50))  # ties of 50
+    names = {"list_issues": "list", "create_comment": "comment", "update_issue": "close", "list_comments": "lookup",
+             "get_issue": "read_issue", "create_token": "token"}
+
+    def operation_of(request):
+        return names.get(GitHubSimulator.route(to_sim_request(request))[0], "other")
+
+    return world, operation_of
+
+
+PROVIDERS = {"gitlab": _gitlab, "github": _github}
 
 
 def _rows(conn) -> dict[str, int]:
@@ -108,89 +134,82 @@ def _sensor_tick_ms(dsn: str, pool, world, folder: Path) -> float:
     return round(statistics.median(timings[1:]), 1)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--provider", choices=sorted(PROVIDERS), default="gitlab")
-    parser.add_argument("--issues", type=int, default=10_000)
-    parser.add_argument("--close-backs", type=int, default=1_000)
-    args = parser.parse_args()
-
-    import os
-
-    from nexus_pipelines.connectors.core import store
+def _plant(pool, world, operation_of):
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.registry import ComposeContext
-    from nexus_pipelines.connectors.core.tick import poll
     from nexus_pipelines.connectors.registry import REGISTRY
-    from nexus_pipelines.control.db import make_pool
-    from nexus_pipelines.control.migrations import apply_migrations
-    from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database, with_database
     from tests.connectors.support import Plant, executor
 
-    folder = Path(tempfile.mkdtemp(prefix="nexus-bench-polling-"))
-    server = None
-    if os.environ.get("NEXUS_PG_DSN"):
-        admin = os.environ["NEXUS_PG_DSN"]
-    else:
-        server = EmbeddedPostgres(folder / "pg")  # default settings: fsync on, as in production
-        admin = server.start().dsn()
-    try:
-        ensure_database(admin, "bench_polling")
-        dsn = with_database(admin, "bench_polling")
-        apply_migrations(dsn)
-        pool = make_pool(dsn, max_size=8)
-        world, operation_of = PROVIDERS[args.provider](args.issues)
-        timed = TimedTransport(world.transport, operation_of)
-        plant = Plant(world, pool)
-        plant.composer = CachedComposer(REGISTRY, ComposeContext(transport=timed), environ=world.environ)
-        plant.handlers = type(plant.handlers)(pool, REGISTRY, plant.composer, executor_factory=executor)
-        registration = world.registration(key="bench", page_size=100)
-        plant.activate(registration)
+    timed = TimedTransport(world.transport, operation_of)
+    plant = Plant(world, pool)
+    plant.composer = CachedComposer(REGISTRY, ComposeContext(transport=timed), environ=world.environ)
+    plant.handlers = type(plant.handlers)(pool, REGISTRY, plant.composer, executor_factory=executor)
+    return plant, timed
 
-        # 1. full sync, page by page
-        with pool.connection() as conn:
-            started = time.perf_counter()
-            report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
-                          registration_ids=[registration.registration_id], time_budget_s=3600)
-            sync_s = time.perf_counter() - started
-        pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
+
+def _database(admin: str, name: str):
+    from nexus_pipelines.control.db import make_pool
+    from nexus_pipelines.control.migrations import apply_migrations
+    from nexus_pipelines.local.postgres import ensure_database, with_database
+
+    ensure_database(admin, name)
+    dsn = with_database(admin, name)
+    apply_migrations(dsn)
+    return dsn, make_pool(dsn, max_size=8)
+
+
+def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
+    from nexus_pipelines.connectors.core import store
+    from nexus_pipelines.connectors.core.tick import poll
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from tests.connectors.support import executor
+
+    dsn, pool = _database(admin, f"bench_polling_{provider}")
+    world, operation_of = PROVIDERS[provider](args.issues)
+    plant, timed = _plant(pool, world, operation_of)
+    registration = world.registration(key="bench", page_size=100)
+    plant.activate(registration)
+    # 1. full sync, page by page
+    with pool.connection() as conn:
         started = time.perf_counter()
+        report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
+                      registration_ids=[registration.registration_id], time_budget_s=3600)
+        sync_s = time.perf_counter() - started
+    pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
+    started = time.perf_counter()
+    plant.route()
+    drained = plant.drain([registration.registration_id])
+    apply_s = time.perf_counter() - started
+    with pool.connection() as conn:
+        before = _rows(conn)
+        store.request_poll(conn, [registration.registration_id])
+        list_before = timed.calls.get("list", 0)
+        repoll = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
+                      registration_ids=[registration.registration_id])
         plant.route()
-        drained = plant.drain([registration.registration_id])
-        apply_s = time.perf_counter() - started
-        with pool.connection() as conn:
-            before = _rows(conn)
-            store.request_poll(conn, [registration.registration_id])
-            list_before = timed.calls.get("list", 0)
-            repoll = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
-                          registration_ids=[registration.registration_id])
-            plant.route()
-            plant.drain([registration.registration_id])
-            after = _rows(conn)
-            repoll_calls = timed.calls.get("list", 0) - list_before
-            (duplicates,) = conn.execute(
-                "SELECT count(*) - count(DISTINCT external_ref) FROM ticket_custody_links").fetchone()
-            ticket_ids = [r[0] for r in conn.execute(
-                "SELECT ticket_id FROM ticket_custody_links ORDER BY ticket_id LIMIT %s", (args.close_backs,))]
-        repoll_writes = sum(after.values()) - sum(before.values())
+        plant.drain([registration.registration_id])
+        after = _rows(conn)
+        repoll_calls = timed.calls.get("list", 0) - list_before
+        (duplicates,) = conn.execute(
+            "SELECT count(*) - count(DISTINCT external_ref) FROM ticket_custody_links").fetchone()
+        ticket_ids = [r[0] for r in conn.execute(
+            "SELECT ticket_id FROM ticket_custody_links ORDER BY ticket_id LIMIT %s", (args.close_backs,))]
+    repoll_writes = sum(after.values()) - sum(before.values())
 
-        # 3. close-back
-        for ticket_id in ticket_ids:
-            plant.prove(ticket_id, f"bench-{ticket_id}")
-        writes_before = timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
-        started = time.perf_counter()
-        closed = plant.drain([registration.registration_id])
-        close_s = time.perf_counter() - started
-        close_calls = (timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
-                       - writes_before)
+    # 3. close-back
+    for ticket_id in ticket_ids:
+        plant.prove(ticket_id, f"bench-{ticket_id}")
+    writes_before = timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
+    started = time.perf_counter()
+    closed = plant.drain([registration.registration_id])
+    close_s = time.perf_counter() - started
+    close_calls = (timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
+                   - writes_before)
 
-        sensor_ms = _sensor_tick_ms(dsn, pool, world, folder)
-        pool.close()
-    finally:
-        if server is not None:
-            server.stop()
+    sensor_ms = _sensor_tick_ms(dsn, pool, world, folder / provider)
+    pool.close()
     result = {
-        "provider": args.provider,
+        "provider": provider,
         "issues": args.issues,
         "calls": calls,
         "min_calls": math.ceil(args.issues / 100),
@@ -210,7 +229,81 @@ def main() -> int:
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
     }
-    print(json.dumps(result))
+    if provider == "github":
+        result["rate_budget"] = rate_budget_run(admin)
+    return result
+
+
+def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: int = 4) -> dict:
+    """A sync of `issues` (one page per 100) on a primary budget of `limit` requests per
+    `window_s` seconds, real time: how long it takes, how often it was held back, and how
+    many requests reached GitHub while the budget was spent."""
+    from nexus_pipelines.connectors.core import store
+    from nexus_pipelines.connectors.core.executor import RetryExecutor
+    from nexus_pipelines.connectors.core.tick import poll
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.local.simulators.github import PrimaryLimit
+    from nexus_pipelines.local.simulators.gitlab import SimClock
+
+    _, pool = _database(admin, "bench_polling_rate_budget")
+    world, operation_of = _github(issues, clock=SimClock())  # the simulator on the real clock
+    world.state.primary = PrimaryLimit(limit=limit, window_s=window_s)
+    plant, timed = _plant(pool, world, operation_of)
+    registration = world.registration(key="rate-budget", page_size=100)
+    plant.activate(registration)
+    started, ticks, held, exhausted = time.monotonic(), 0, 0, False
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        while not exhausted and time.monotonic() - started < 120:
+            report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=RetryExecutor(),
+                          registration_ids=[registration.registration_id], time_budget_s=60)
+            ticks += len(report.ticks)
+            held += sum(1 for t in report.ticks if t.outcome == "failure" and "throttled" in (t.failure or ""))
+            terminal = [t.failure for t in report.ticks if t.failure_class == "terminal"]
+            assert not terminal, terminal
+            exhausted = any(t.exhausted for t in report.ticks)
+            (wait,) = conn.execute("SELECT greatest(extract(epoch FROM next_poll_at - now()), 0) FROM "
+                                   "connector_progress WHERE registration_key = %s", (registration.key,)).fetchone()
+            if not exhausted:
+                time.sleep(float(wait) + 0.05)  # the durable schedule, not the poller, decides when
+        (tickets,) = conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
+                                  (registration.registration_id,)).fetchone()
+    pool.close()
+    return {"issues": issues, "budget_per_window": limit, "window_s": window_s, "exhausted": exhausted,
+            "list_calls": timed.calls.get("list", 0), "min_calls": math.ceil(issues / 100), "ticks": ticks,
+            "held_back_ticks": held, "calls_while_limited": world.state.limited_calls, "issues_received": tickets,
+            "elapsed_s": round(time.monotonic() - started, 1)}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--provider", choices=[*sorted(PROVIDERS), "both"], default="gitlab")
+    parser.add_argument("--issues", type=int, default=10_000)
+    parser.add_argument("--close-backs", type=int, default=1_000)
+    args = parser.parse_args()
+
+    import os
+
+    from nexus_pipelines.local.postgres import EmbeddedPostgres
+
+    folder = Path(tempfile.mkdtemp(prefix="nexus-bench-polling-"))
+    server = None
+    if os.environ.get("NEXUS_PG_DSN"):
+        admin = os.environ["NEXUS_PG_DSN"]
+    else:
+        server = EmbeddedPostgres(folder / "pg")  # default settings: fsync on, as in production
+        admin = server.start().dsn()
+    providers = sorted(PROVIDERS) if args.provider == "both" else [args.provider]
+    results = {}
+    try:
+        for provider in providers:
+            results[provider] = run_provider(provider, admin, args, folder)
+            print(json.dumps(results[provider]), flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    if len(results) > 1:
+        print(json.dumps(results))
     return 0
 
 

@@ -1,11 +1,14 @@
-"""The issue-intake part of `make demo`: one GitLab registration against the GitLab
-simulator on loopback, through the code location's own Dagster jobs.
+"""The issue-intake part of `make demo`: one GitLab and one GitHub registration side by side,
+each against its simulator on loopback, through the code location's own Dagster jobs.
 
-1. serve the GitLab simulator on 127.0.0.1:18929 (its data persists in
-   `.nexus_local/simulators/gitlab.json`, like a real GitLab between demo runs) and seed
-   a project with issues the first time;
-2. activate the `demo-gitlab` registration (configs/connectors/local);
-3. run the poll, receipt-router and drain jobs: issues in, tickets out (UNTRIAGED, P2);
+1. serve the GitLab simulator on 127.0.0.1:18929 and the GitHub simulator on
+   127.0.0.1:18930 (their data persists in `.nexus_local/simulators/`, like a real
+   tracker between demo runs) and seed a project and a repository the first time (the
+   repository gets a pull request too, which the connector skips); the GitHub App's key
+   is made fresh each run and only its public half is registered with the simulator;
+2. activate the `demo-gitlab` and `demo-github` registrations (configs/connectors/local);
+3. per registration, run the poll, receipt-router and drain jobs: issues in, tickets out
+   (UNTRIAGED, P2);
 4. record one accepted success proof and drain: one marked comment, the issue closed;
 5. poll once more (the close-back changed the issue: one observation), then run
    everything again: nothing new is written (custody, digests and the receipt).
@@ -15,28 +18,82 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from dagster import DagsterInstance
 
-DEMO_PROJECT_ID = 278964
-DEMO_PORT = 18929
+from dataclasses import dataclass
+from datetime import timedelta
+
 DEMO_ISSUES = 24
-# The simulator's demo credential: not a secret, read through the reference the registration names.
-DEMO_TOKEN = "demo-gitlab-project-token-not-a-secret"
-TOKEN_ENV = "NEXUS_DEMO_GITLAB_TOKEN"
+GITLAB_PROJECT_ID, GITLAB_PORT = 278964, 18929
+# The GitLab simulator's demo credential: not a secret, read through the reference the registration names.
+GITLAB_TOKEN = "demo-gitlab-project-token-not-a-secret"
+GITLAB_TOKEN_ENV = "NEXUS_DEMO_GITLAB_TOKEN"
+GITHUB_PORT, GITHUB_KEY_ENV = 18930, "NEXUS_DEMO_GITHUB_APP_KEY"
 
 
-def _seed(state) -> None:
-    from datetime import timedelta
-
-    state.add_project(DEMO_PROJECT_ID, "acme/platform")
-    start = state.clock.now() - timedelta(days=3)
+def _issues(add, skipped) -> None:
+    start = datetime.now(UTC) - timedelta(days=3)
     for n in range(DEMO_ISSUES):
-        labels = ["bug"] if n % 3 == 0 else ["feature"]
-        state.add_issue(DEMO_PROJECT_ID, title=f"Platform issue {n + 1}", description=f"Reported problem {n + 1}.",
-                        labels=labels, updated_at=start + timedelta(minutes=n))
-    state.add_issue(DEMO_PROJECT_ID, title="A task the connector skips", issue_type="task")
+        add(f"Platform issue {n + 1}", f"Reported problem {n + 1}.", ["bug"] if n % 3 == 0 else ["feature"],
+            start + timedelta(minutes=n))
+    skipped()
+
+
+@dataclass
+class DemoTracker:
+    """One simulator the demo serves and the registration that polls it."""
+
+    name: str  # gitlab | github
+    registration_id: str
+    skipped: str  # what the connector skips there
+    state: object
+    app: object
+    port: int
+    state_file: Path
+
+    def issue(self, external_ref: str) -> tuple[str, list[str]]:
+        """(state, comment bodies) of an issue at the tracker."""
+        container, number = (int(part) for part in external_ref.split(":")[1:])
+        issue = self.state.issue(container, number)
+        if self.name == "gitlab":
+            return ("closed" if issue.state == "closed" else "open"), [n.body for n in issue.notes]
+        return issue.state, [c.body for c in issue.comments]
+
+
+def _gitlab(local_dir: Path) -> DemoTracker:
+    from nexus_pipelines.local.simulators.gitlab import GitLabState, build_gitlab_app
+
+    state, state_file = GitLabState(), local_dir / "simulators" / "gitlab.json"
+    if not state.load(state_file):
+        state.add_project(GITLAB_PROJECT_ID, "acme/platform")
+        _issues(lambda t, d, labels, at: state.add_issue(GITLAB_PROJECT_ID, title=t, description=d, labels=labels,
+                                                         updated_at=at),
+                lambda: state.add_issue(GITLAB_PROJECT_ID, title="A task the connector skips", issue_type="task"))
+    state.add_token(GITLAB_TOKEN, GITLAB_PROJECT_ID, scopes=("api",))
+    os.environ[GITLAB_TOKEN_ENV] = GITLAB_TOKEN
+    return DemoTracker("gitlab", "acme/demo-gitlab", "a task", state, build_gitlab_app(state), GITLAB_PORT, state_file)
+
+
+def _github(local_dir: Path, registration) -> DemoTracker:
+    from nexus_pipelines.local.simulators.github import GitHubState, app_key_pair, build_github_app
+
+    config = registration.provider
+    state, state_file = GitHubState(), local_dir / "simulators" / "github.json"
+    if not state.load(state_file):
+        state.add_repository(config.repository_id, config.owner, config.repo)
+        _issues(lambda t, d, labels, at: state.add_issue(config.repository_id, title=t, body=d, labels=labels,
+                                                         updated_at=at),
+                lambda: state.add_issue(config.repository_id, title="A pull request the connector skips",
+                                        pull_request=True))
+    private, public = app_key_pair()  # a fresh App key each run; only the public half is registered
+    state.add_app(config.app_id, public)
+    state.install(config.installation_id, config.app_id, [config.repository_id])
+    os.environ[GITHUB_KEY_ENV] = private
+    return DemoTracker("github", "acme/demo-github", "a pull request", state, build_github_app(state), GITHUB_PORT,
+                       state_file)
 
 
 def _counts(conn, registration_id: str) -> dict[str, int]:
@@ -83,66 +140,74 @@ def _run_jobs(instance: DagsterInstance, dsn: str, registration_id: str) -> dict
 
 
 def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path, instance: DagsterInstance) -> int:
+    from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, load_registrations
+    from nexus_pipelines.local.simulators.http import serve_in_thread
+
+    registrations = load_registrations(LOCAL_REGISTRATIONS_DIR)
+    trackers = [_gitlab(local_dir), _github(local_dir, registrations["acme/demo-github"])]
+    stops = []
+    try:
+        for tracker in trackers:
+            try:
+                url, stop = serve_in_thread(tracker.app, port=tracker.port)
+            except RuntimeError as exc:
+                echo(f"error: {exc}; stop whatever uses port {tracker.port} (an earlier demo?) and run make demo "
+                     "again")
+                return 1
+            stops.append(stop)
+            echo(f"{tracker.name} simulator on {url} (data in {tracker.state_file})")
+        ok = [_run_registration(echo, tracker, registrations[tracker.registration_id], dsn=dsn, instance=instance)
+              for tracker in trackers]
+    finally:
+        for stop in stops:
+            stop()
+        for tracker in trackers:
+            tracker.state.save(tracker.state_file)
+    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain)")
+    return 0 if all(ok) else 1
+
+
+def _run_registration(echo: Callable[[str], None], tracker: DemoTracker, registration, *, dsn: str,
+                      instance: DagsterInstance) -> bool:
     from nexus_pipelines.cli_common import operator
     from nexus_pipelines.connectors.core.activation import activate
-    from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, REGISTRY, load_registrations
+    from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.control.db import connect
-    from nexus_pipelines.local.simulators.gitlab import GitLabState, build_gitlab_app
-    from nexus_pipelines.local.simulators.http import serve_in_thread
     from nexus_pipelines.tickets.handlers import route_versions
     from nexus_pipelines.tickets.proofs import record_proof
     from nexus_pipelines.tickets.queries import list_tickets
 
-    state_file = local_dir / "simulators" / "gitlab.json"
-    state = GitLabState()
-    if not state.load(state_file):
-        _seed(state)
-    state.add_token(DEMO_TOKEN, DEMO_PROJECT_ID, scopes=("api",))
-    os.environ[TOKEN_ENV] = DEMO_TOKEN
-    try:
-        url, stop = serve_in_thread(build_gitlab_app(state), port=DEMO_PORT)
-    except RuntimeError as exc:
-        echo(f"error: {exc}; stop whatever uses port {DEMO_PORT} (an earlier demo?) and run make demo again")
-        return 1
-    echo(f"GitLab simulator on {url} (project {DEMO_PROJECT_ID}, data in {state_file})")
-    registration = load_registrations(LOCAL_REGISTRATIONS_DIR)["acme/demo-gitlab"]
     rid = registration.registration_id
-    try:
-        with connect(dsn) as conn:
-            activate(conn, registration, REGISTRY, recorded_by="demo", route_versions=route_versions(),
-                     drain_old=lambda *_: _run_jobs(instance, dsn, rid))
-        first = _run_jobs(instance, dsn, rid)
-        with connect(dsn) as conn:
-            after_intake = _counts(conn, rid)
-            ticket = list_tickets(conn, registration_id=rid, limit=1)[0]
-            proof = record_proof(conn, ticket.ticket_id, evidence="fixed in release 2026.12 (demo)",
-                                 recorded_by=operator(), client_request_id="demo:first-ticket")
-        _run_jobs(instance, dsn, rid)  # the drain posts the marked comment and closes the issue
-        _run_jobs(instance, dsn, rid)  # the poll observes the closed issue: one more observation
-        with connect(dsn) as conn:
-            after_close = _counts(conn, rid)
-        replay = _run_jobs(instance, dsn, rid)
-        with connect(dsn) as conn:
-            after_replay = _counts(conn, rid)
-    finally:
-        stop()
-        state.save(state_file)
-    iid = int(ticket.external_ref.rsplit(":", 1)[1])
-    issue = state.issue(DEMO_PROJECT_ID, iid)
-    marked = [n for n in issue.notes if f"[nexus:close:{proof.command_id.removeprefix('close-')}]" in n.body]
+    with connect(dsn) as conn:
+        activate(conn, registration, REGISTRY, recorded_by="demo", route_versions=route_versions(),
+                 drain_old=lambda *_: _run_jobs(instance, dsn, rid))
+    first = _run_jobs(instance, dsn, rid)
+    with connect(dsn) as conn:
+        after_intake = _counts(conn, rid)
+        ticket = list_tickets(conn, registration_id=rid, limit=1)[0]
+        proof = record_proof(conn, ticket.ticket_id, evidence="fixed in release 2026.12 (demo)",
+                             recorded_by=operator(), client_request_id="demo:first-ticket")
+    _run_jobs(instance, dsn, rid)  # the drain posts the marked comment and closes the issue
+    _run_jobs(instance, dsn, rid)  # the poll observes the closed issue: one more observation
+    with connect(dsn) as conn:
+        after_close = _counts(conn, rid)
+    replay = _run_jobs(instance, dsn, rid)
+    with connect(dsn) as conn:
+        after_replay = _counts(conn, rid)
+    state, comments = tracker.issue(ticket.external_ref)
+    marked = [c for c in comments if f"[nexus:close:{proof.command_id.removeprefix('close-')}]" in c]
     p = first["poll"]
     echo("")
-    echo("demo-gitlab issue intake summary")
+    echo(f"{registration.key} issue intake summary")
     echo(f"  poll       {p['pages']} pages, {p['issues_seen']} issues seen, {p['admitted']} new versions, "
-         f"{p['excluded']} excluded (a task), {p['api_calls']} API calls; {first['drained']} work items applied")
+         f"{p['excluded']} excluded ({tracker.skipped}), {p['api_calls']} API calls; {first['drained']} work items "
+         "applied")
     echo(f"  tickets    {after_intake['tickets']} connector tickets, each UNTRIAGED at P2 "
          "(`nexus-pipelines tickets list`)")
     echo(f"  close-back ticket {ticket.ticket_id} ({ticket.external_ref}) proof {proof.proof_id}"
-         f"{'' if proof.created else ' (recorded by an earlier demo)'}: issue #{iid} is {issue.state}, "
+         f"{'' if proof.created else ' (recorded by an earlier demo)'}: the issue is {state}, "
          f"{len(marked)} marked comment, {after_close['close receipts']} close receipt")
     unchanged = after_replay == after_close
     echo(f"  replay     poll + route + drain again: {replay['poll']['admitted']} new versions, "
          f"{'nothing changed' if unchanged else 'CHANGED: ' + str(after_replay)}")
-    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain)")
-    ok = unchanged and len(marked) == 1 and issue.state == "closed" and after_close["close receipts"] >= 1
-    return 0 if ok else 1
+    return unchanged and len(marked) == 1 and state == "closed" and after_close["close receipts"] >= 1

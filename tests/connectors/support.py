@@ -116,3 +116,16 @@ def counts(conn: Connection, registration: Registration) -> dict[str, int]:
         "ingress_receipts": one("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s", (rid,)),
         "work_items": one("SELECT count(*) FROM connector_work_items WHERE registration_id = %s", (rid,)),
     }
+
+
+def all_control_text(conn) -> str:
+    """Every text, json and array value of every table in the control schema, as one string."""
+    columns = conn.execute(
+        """SELECT table_name, column_name FROM information_schema.columns
+            WHERE table_schema = current_schema() AND data_type IN ('text', 'jsonb', 'json', 'ARRAY',
+                                                                    'character varying')""").fetchall()
+    parts = []
+    for table, column in columns:
+        rows = conn.execute(f'SELECT "{column}"::text FROM "{table}" WHERE "{column}" IS NOT NULL').fetchall()
+        parts.extend(r[0] for r in rows)
+    return "\n".join(parts)

@@ -19,19 +19,7 @@ from nexus_pipelines.tickets.proofs import record_proof
 from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
-
-
-def all_control_text(conn) -> str:
-    """Every text, json and array value of every table in the control schema, as one string."""
-    columns = conn.execute(
-        """SELECT table_name, column_name FROM information_schema.columns
-            WHERE table_schema = current_schema() AND data_type IN ('text', 'jsonb', 'json', 'ARRAY',
-                                                                    'character varying')""").fetchall()
-    parts = []
-    for table, column in columns:
-        rows = conn.execute(f'SELECT "{column}"::text FROM "{table}" WHERE "{column}" IS NOT NULL').fetchall()
-        parts.extend(r[0] for r in rows)
-    return "\n".join(parts)
+from tests.connectors.support import all_control_text
 
 
 def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, control_dsn, pool, caplog):

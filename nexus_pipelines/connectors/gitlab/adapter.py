@@ -13,9 +13,8 @@ the close, the issue's state is read). A 3xx (a moved project) is never followed
 from __future__ import annotations
 
 import email.utils
-import time
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Literal
 
 import httpx
@@ -37,16 +36,18 @@ from nexus_pipelines.connectors.core.values import (
 )
 from nexus_pipelines.connectors.gitlab.config import GitLabConfig
 from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
-from nexus_pipelines.integrations.http import (
-    ENDPOINT,
-    EgressRefused,
-    HeaderTokenAuth,
-    bounded_timeout,
-    make_client,
-    origin_of,
-    parse_retry_after,
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    Problem,
+    body_is_truncated,
+    close_failure,
+    exception_problem,
+    fetch_failure,
+    first_error,
+    next_link,
+    served_at,
 )
-from nexus_pipelines.redaction import one_line
+from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of, parse_retry_after
 
 KIND = "gitlab"
 MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
@@ -93,36 +94,6 @@ _ONE_ISSUE = TypeAdapter(_Issue)
 
 # -- classification (one table for fetch and close) ------------------------------------
 
-@dataclass(frozen=True)
-class _Problem:
-    retry_class: str
-    reason: str
-    detail: str
-    retry_after: float | None = None
-    maybe_written: bool = False  # for writes: the request may have been applied
-
-
-def _exception_problem(exc: Exception) -> _Problem:
-    name = type(exc).__name__
-    if isinstance(exc, EgressRefused):
-        return _Problem("terminal", "contract_violation", one_line(str(exc), 200))
-    if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
-        return _Problem("retryable", "timeout", f"{name}: nothing was sent")
-    if isinstance(exc, httpx.TimeoutException):
-        return _Problem("retryable", "timeout", name, maybe_written=True)
-    if isinstance(exc, httpx.ConnectError):
-        return _Problem("retryable", "transport_connect", f"{name}: the connection was refused", maybe_written=False)
-    if isinstance(exc, httpx.RemoteProtocolError):
-        return _Problem("retryable", "transport_protocol", name, maybe_written=True)
-    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError)):
-        return _Problem("retryable", "transport_read", name, maybe_written=True)
-    if isinstance(exc, httpx.DecodingError):
-        return _Problem("retryable", "transport_protocol", name, maybe_written=True)
-    if isinstance(exc, httpx.TransportError):
-        return _Problem("retryable", "transport_connect", name, maybe_written=True)
-    raise exc  # a programming error: core turns it into a contract violation
-
-
 def _throttle_wait(response: httpx.Response) -> float | None:
     wait = parse_retry_after(response.headers.get("Retry-After"))
     if wait is not None:
@@ -136,69 +107,32 @@ def _throttle_wait(response: httpx.Response) -> float | None:
     return None
 
 
-def _status_problem(response: httpx.Response, what: str) -> _Problem:
+def _status_problem(response: httpx.Response, what: str) -> Problem:
     status = response.status_code
     if 300 <= status < 400:
         where = origin_of(response.headers.get("Location", "")) if response.headers.get("Location") else "elsewhere"
-        return _Problem("terminal", "ordinary_4xx",
+        return Problem("terminal", "ordinary_4xx",
                         f"{what}: HTTP {status} to {where} (the project moved?); redirects are never followed, "
                         "check provider.project_id")
     if status == 401:
-        return _Problem("terminal", "authentication", f"{what}: HTTP 401; the project access token is invalid, "
+        return Problem("terminal", "authentication", f"{what}: HTTP 401; the project access token is invalid, "
                                                       "expired or revoked")
     if status == 403:
-        return _Problem("terminal", "authorization", f"{what}: HTTP 403; the token lacks the api scope or the "
+        return Problem("terminal", "authorization", f"{what}: HTTP 403; the token lacks the api scope or the "
                                                      "Planner role")
     if status == 429:
-        return _Problem("retryable", "throttled", f"{what}: HTTP 429", _throttle_wait(response))
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", _throttle_wait(response))
     if status == 408:
-        return _Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
+        return Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
     if status >= 500:
-        return _Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
-    return _Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
-
-
-def _fetch_failure(problem: _Problem) -> FetchFailure:
-    return FetchFailure(retry_class=problem.retry_class, reason=problem.reason, detail=problem.detail[:300],
-                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
-
-
-def _close_failure(problem: _Problem, disposition: str = "not_written") -> CloseFailure:
-    return CloseFailure(retry_class=problem.retry_class, reason=problem.reason, write_disposition=disposition,
-                        detail=problem.detail[:300],
-                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
-
-
-def _next_link(response: httpx.Response) -> str | None:
-    for part in response.headers.get("Link", "").split(","):
-        url, _, params = part.strip().partition(";")
-        if 'rel="next"' in params.replace(" ", ""):
-            return url.strip().strip("<>")
-    return None
-
-
-def _served_at(response: httpx.Response) -> datetime | None:
-    try:
-        return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-class _Deadline:
-    """The invocation's own view of its budget: every request's timeout fits inside it."""
-
-    def __init__(self, attempt: ConnectorAttempt) -> None:
-        self._end = time.monotonic() + attempt.deadline_remaining_milliseconds / 1000.0
-
-    def timeout(self) -> httpx.Timeout | None:
-        remaining_ms = int((self._end - time.monotonic()) * 1000)
-        return bounded_timeout(remaining_ms) if remaining_ms >= 1 else None
+        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
+    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
 
 
 @dataclass(frozen=True)
 class _Lookup:
     found: str | None = None  # the note id carrying the marker
-    problem: _Problem | None = None  # set when the lookup could not tell
+    problem: Problem | None = None  # set when the lookup could not tell
 
 
 class GitLabConnector:
@@ -228,7 +162,7 @@ class GitLabConnector:
             cursor = GitLabCursor.decode(request.cursor)
         except CursorError as exc:
             return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
-        timeout = _Deadline(attempt).timeout()
+        timeout = Deadline(attempt).timeout()
         if timeout is None:
             return FetchFailure(retry_class="retryable", reason="timeout", detail="no budget left for the request")
         if cursor.next is not None:
@@ -241,17 +175,17 @@ class GitLabConnector:
         try:
             response = self._http.get(url, params=params, timeout=timeout, extensions={ENDPOINT: "list_issues"})
         except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return _fetch_failure(_exception_problem(exc))
+            return fetch_failure(exception_problem(exc))
         if response.status_code != 200:
-            return _fetch_failure(_status_problem(response, "listing issues"))
+            return fetch_failure(_status_problem(response, "listing issues"))
         try:
             raw = _ISSUES.validate_json(response.content)
         except ValidationError as exc:
-            if any(e["type"] == "json_invalid" for e in exc.errors()):
+            if body_is_truncated(exc):
                 return FetchFailure(retry_class="retryable", reason="transport_protocol",
                                     detail="listing issues: the response body is not complete JSON")
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                detail=f"listing issues: {_where(exc)}")
+                                detail=f"listing issues: {first_error(exc)}")
         return self._page(raw, response, cursor, request)
 
     def _page(self, raw: list[_Issue], response: httpx.Response, cursor: GitLabCursor,
@@ -268,8 +202,8 @@ class GitLabConnector:
                 issues.append(self._map(item))
             except ValidationError as exc:
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail=f"issue {item.iid}: {_where(exc)}")
-        link = _next_link(response)
+                                    detail=f"issue {item.iid}: {first_error(exc)}")
+        link = next_link(response)
         if link is not None:
             parsed = httpx.URL(link)
             if origin_of(parsed) != self._origin:
@@ -277,7 +211,7 @@ class GitLabConnector:
                                     detail="the next-page link points to another origin")
             link = parsed.raw_path.decode("ascii")
         page_max = max((i.updated_at for i in raw), default=None)
-        token = cursor.after_page(page_max=page_max, served_at=_served_at(response), next_link=link).encode()
+        token = cursor.after_page(page_max=page_max, served_at=served_at(response), next_link=link).encode()
         if len(token) > 1024:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link is too long for a cursor token")
@@ -305,13 +239,13 @@ class GitLabConnector:
         if kind != KIND or project != str(self._project) or not iid.isdigit():
             return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
                                 detail=f"{command.external_ref} is not an issue of GitLab project {self._project}")
-        deadline = _Deadline(attempt)
+        deadline = Deadline(attempt)
         base = f"{self._prefix}/projects/{self._project}/issues/{iid}"
         note_id = None
         if command.reconcile_first:
             lookup = self._find_marker(base, command.marker, deadline)
             if lookup.problem is not None:
-                return _close_failure(lookup.problem)
+                return close_failure(lookup.problem)
             note_id = lookup.found
         if note_id is None:
             note_id, failure = self._post_note(base, command, deadline)
@@ -319,39 +253,39 @@ class GitLabConnector:
                 return failure
         return self._close(base, command, note_id, deadline)
 
-    def _send(self, method: str, url: str, deadline: _Deadline, endpoint: str, **kwargs) -> httpx.Response | _Problem:
+    def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
         timeout = deadline.timeout()
         if timeout is None:
-            return _Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
+            return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
         try:
             return self._http.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
         except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return _exception_problem(exc)
+            return exception_problem(exc)
 
     def _post_note(self, base: str, command: CloseExternalIssue,
-                   deadline: _Deadline) -> tuple[str | None, CloseExternalIssueResult | None]:
+                   deadline: Deadline) -> tuple[str | None, CloseExternalIssueResult | None]:
         response = self._send("POST", f"{base}/notes", deadline, "create_note", json={"body": command.comment})
-        problem = response if isinstance(response, _Problem) else None
+        problem = response if isinstance(response, Problem) else None
         if problem is None and response.status_code == 201:
             try:
                 return str(TypeAdapter(_Note).validate_json(response.content).id), None
             except ValidationError:
-                problem = _Problem("retryable", "transport_protocol", "creating the note: the response body does "
+                problem = Problem("retryable", "transport_protocol", "creating the note: the response body does "
                                    "not parse", maybe_written=True)
         if problem is None:
             problem = _status_problem(response, "creating the note")
         if not problem.maybe_written:
-            return None, _close_failure(problem)
+            return None, close_failure(problem)
         lookup = self._find_marker(base, command.marker, deadline)
         if lookup.found is not None:
             return lookup.found, None
         if lookup.problem is None:
-            return None, _close_failure(problem, "reconciled_absent")
+            return None, close_failure(problem, "reconciled_absent")
         return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:300])
 
-    def _close(self, base: str, command: CloseExternalIssue, note_id: str, deadline: _Deadline) -> CloseExternalIssueResult:
+    def _close(self, base: str, command: CloseExternalIssue, note_id: str, deadline: Deadline) -> CloseExternalIssueResult:
         response = self._send("PUT", base, deadline, "close_issue", json={"state_event": "close"})
-        problem = response if isinstance(response, _Problem) else None
+        problem = response if isinstance(response, Problem) else None
         if problem is None and response.status_code == 200:
             try:
                 closed = _ONE_ISSUE.validate_json(response.content).state == "closed"
@@ -359,18 +293,18 @@ class GitLabConnector:
                 closed = None
             if closed:
                 return self._receipt(command, note_id)
-            problem = _Problem("retryable", "transport_protocol", "closing the issue: the answer does not show it "
+            problem = Problem("retryable", "transport_protocol", "closing the issue: the answer does not show it "
                                "closed", maybe_written=True)
         if problem is None:
             problem = _status_problem(response, "closing the issue")
         if not problem.maybe_written:
-            return _close_failure(problem)
+            return close_failure(problem)
         state = self._send("GET", base, deadline, "get_issue")
         if isinstance(state, httpx.Response) and state.status_code == 200:
             try:
                 if _ONE_ISSUE.validate_json(state.content).state == "closed":
                     return self._receipt(command, note_id)
-                return _close_failure(problem, "reconciled_absent")
+                return close_failure(problem, "reconciled_absent")
             except ValidationError:
                 pass
         return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read"[:300])
@@ -380,20 +314,20 @@ class GitLabConnector:
         return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
                                 marker=command.marker, comment_ref=f"note:{note_id}")
 
-    def _find_marker(self, base: str, marker: str, deadline: _Deadline) -> _Lookup:
+    def _find_marker(self, base: str, marker: str, deadline: Deadline) -> _Lookup:
         """Search the issue's notes for the exact marker: found, absent (problem None), or inconclusive."""
         page = "1"
         for _ in range(MAX_NOTE_PAGES):
             response = self._send("GET", f"{base}/notes", deadline, "list_notes",
                                   params={"sort": "asc", "order_by": "created_at", "per_page": 100, "page": page})
-            if isinstance(response, _Problem):
+            if isinstance(response, Problem):
                 return _Lookup(problem=response)
             if response.status_code != 200:
                 return _Lookup(problem=_status_problem(response, "reading notes"))
             try:
                 notes = _NOTES.validate_json(response.content)
             except ValidationError:
-                return _Lookup(problem=_Problem("retryable", "transport_protocol", "reading notes: the body does "
+                return _Lookup(problem=Problem("retryable", "transport_protocol", "reading notes: the body does "
                                                 "not parse"))
             for note in notes:
                 if not note.system and marker in note.body:
@@ -401,13 +335,8 @@ class GitLabConnector:
             page = response.headers.get("x-next-page", "")
             if not page:
                 return _Lookup()
-        return _Lookup(problem=_Problem("retryable", "provider_5xx", f"reading notes: more than {MAX_NOTE_PAGES} "
+        return _Lookup(problem=Problem("retryable", "provider_5xx", f"reading notes: more than {MAX_NOTE_PAGES} "
                                         "pages"))
-
-
-def _where(exc: ValidationError) -> str:
-    first = exc.errors(include_input=False)[0]
-    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
 
 
 def build(config: GitLabConfig, secrets, context: ComposeContext) -> GitLabConnector:

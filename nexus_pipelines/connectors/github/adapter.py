@@ -1,0 +1,320 @@
+"""The GitHub Issues adapter: App credentials, transport, strict payloads, mapping, cursor
+and reconciliation.
+
+Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=updated&direction=asc&per_page=N`
+with `since` (whole seconds), then the `Link rel="next"` URLs exactly as given; one
+listing request per invocation. Every item with a `pull_request` key is a pull request:
+skipped and counted as excluded, while the cursor still moves past it. Identity:
+`github:<repository id>:<number>`; the owner/name in the URL is the one GitHub reported
+for the repository id when the token was minted (the token is narrowed to that id, so
+a reused name can never be read under this repository's identity).
+
+Close-back: a comment carrying the marker, then `PATCH state=closed,
+state_reason=completed`. A write whose outcome the transport cannot prove is reconciled
+inside the invocation: the issue's comments are listed (every page) for the exact
+marker, and, for the close, the issue's state is read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.values import (
+    CURSOR_MAX_CHARS,
+    CloseExternalIssue,
+    CloseExternalIssueResult,
+    ConnectorAttempt,
+    CloseFailure,
+    ExternalIssue,
+    ExternalIssuePage,
+    FetchFailure,
+    FetchIssuePage,
+    FetchIssuePageResult,
+)
+from nexus_pipelines.connectors.github.app_auth import (
+    CredentialError,
+    Installation,
+    InstallationToken,
+    ProviderClock,
+    app_jwt,
+    refusal,
+)
+from nexus_pipelines.connectors.github.closeback import CloseBack
+from nexus_pipelines.connectors.github.config import GitHubConfig
+from nexus_pipelines.connectors.github.cursor import CursorError, GitHubCursor, format_time
+from nexus_pipelines.connectors.github.limits import RateGate, status_problem
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    Problem,
+    body_is_truncated,
+    close_failure,
+    exception_problem,
+    fetch_failure,
+    first_error,
+    next_link,
+    served_at,
+)
+from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of
+
+KIND = "github"
+API_VERSION = "2022-11-28"
+COMPOSE_BUDGET_MS = 10_000
+
+
+# -- strict raw payloads (only what is mapped; GitHub sends many more keys) -------------
+
+_RAW = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+class _User(BaseModel):
+    model_config = _RAW
+    id: int
+    login: str
+
+
+class _Label(BaseModel):
+    model_config = _RAW
+    name: str = Field(min_length=1)
+
+
+class _Item(BaseModel):
+    """What every listed item has, issue or pull request: enough to move the cursor."""
+
+    model_config = _RAW
+    number: int = Field(gt=0)
+    updated_at: datetime
+
+
+class _Issue(_Item):
+    id: int
+    title: str
+    body: str | None
+    state: Literal["open", "closed"]
+    labels: list[_Label | str]
+    user: _User | None  # a deleted account
+    html_url: str
+
+
+_ITEMS = TypeAdapter(list[dict])
+
+
+def _lax(model: type[BaseModel], data: object) -> BaseModel:
+    # JSON gives timestamps as strings: strict types, lax only where JSON cannot say more
+    return model.model_validate(data, strict=False) if isinstance(data, dict) else model.model_validate(data)
+
+
+class GitHubConnector:
+    """One composed GitHub registration: its pinned config, the App key and the current
+    installation token, both in process memory only."""
+
+    def __init__(self, config: GitHubConfig, private_key: SecretStr, context: ComposeContext, *,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._config = config
+        self._key = private_key
+        self._origin = origin_of(config.api_url)
+        self._prefix = httpx.URL(config.api_url).path.rstrip("/")
+        self._clock = ProviderClock(clock)
+        self._gate = RateGate(self._clock)
+        self._installation = Installation(config.app_id, config.installation_id, config.repository_id)
+        self._token = InstallationToken(self._installation, self._clock)
+        self._http = make_client(
+            config.api_url, transport=context.transport, counter=context.counter,
+            headers={"Accept": "application/vnd.github+json", "User-Agent": "nexus-pipelines",
+                     "X-GitHub-Api-Version": API_VERSION},
+        )
+
+    def __repr__(self) -> str:
+        return f"GitHubConnector(repository_id={self._config.repository_id})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- requests and credentials ---------------------------------------------------
+
+    def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+        """One request under the deadline, the rate gate and a fresh installation token."""
+        closed = self._gate.closed(endpoint)
+        if closed is not None:
+            return closed
+        if not self._token.fresh():
+            problem = self.mint(deadline)
+            if problem is not None:
+                return problem
+        response = self._request(method, url, deadline, endpoint,
+                                 auth=HeaderTokenAuth("Authorization", self._token.value, scheme="Bearer"), **kwargs)
+        if isinstance(response, httpx.Response) and response.status_code == 401:
+            self._token.drop()  # revoked or expired: the next call mints, and fails closed if it must
+        return response
+
+    def _request(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+        timeout = deadline.timeout()
+        if timeout is None:
+            return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
+        try:
+            response = self._http.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
+            return exception_problem(exc)
+        self._clock.observe(response)
+        self._gate.observe(response)
+        return response
+
+    def mint(self, deadline: Deadline) -> Problem | None:
+        """Exchange a fresh App JWT for an installation token narrowed to the repository."""
+        try:
+            signed = app_jwt(self._config.app_id, self._key, self._clock.now())
+        except CredentialError as exc:
+            return Problem("terminal", "authentication", str(exc))
+        response = self._request("POST", f"{self._origin}{self._prefix}{self._installation.path}", deadline, "create_token",
+                                 json=self._installation.request_body(),
+                                 auth=HeaderTokenAuth("Authorization", lambda: signed, scheme="Bearer"))
+        if isinstance(response, Problem):
+            return response
+        what = f"minting the installation token of app {self._config.app_id}, installation " \
+               f"{self._config.installation_id}"
+        if response.status_code == 201:
+            wrong = self._token.accept(response)
+            return None if wrong is None else Problem("terminal", "authorization", f"{what}: {wrong}")
+        problem = status_problem(response, what, self._clock)
+        if response.status_code in (401, 403, 404, 422) and problem.reason != "throttled":
+            # fail closed: a revoked key (401), a suspended (403) or removed (404) installation, or a
+            # repository/permission the installation no longer grants (422)
+            reason = "authentication" if response.status_code == 401 else "authorization"
+            return Problem("terminal", reason, f"{what}: HTTP {response.status_code} {refusal(response)}; "
+                                               "check the App key reference and the installation")
+        return problem
+
+    def _repo_path(self) -> str:
+        return f"{self._origin}{self._prefix}/repos/{self._token.full_name}"
+
+    # -- fetch ------------------------------------------------------------------------
+
+    def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
+        try:
+            cursor = GitHubCursor.decode(request.cursor)
+        except CursorError as exc:
+            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        deadline = Deadline(attempt)
+        if not self._token.fresh():  # the listing URL needs the repository's current name
+            problem = self.mint(deadline)
+            if problem is not None:
+                return fetch_failure(problem)
+        url, params, headers = self._listing(cursor, request.page_size)
+        response = self._send("GET", url, deadline, "list_issues", params=params, headers=headers)
+        if isinstance(response, Problem):
+            return fetch_failure(response)
+        if response.status_code == 304 and cursor.at_scan_start:
+            return ExternalIssuePage(issues=(), next_cursor=cursor.unchanged().encode(), exhausted=True)
+        if response.status_code == 422 and not cursor.at_scan_start:
+            # GitHub refused the link it gave (an expired or invalid `after=`): restart, missing nothing
+            return ExternalIssuePage(issues=(), next_cursor=cursor.restarted().encode(), exhausted=False)
+        if response.status_code != 200:
+            return fetch_failure(status_problem(response, "listing issues", self._clock))
+        return self._page(response, cursor)
+
+    def _listing(self, cursor: GitHubCursor, page_size: int) -> tuple[str, dict | None, dict]:
+        if not cursor.at_scan_start:
+            return f"{self._origin}{cursor.next}", None, {}
+        params = {"state": "all", "sort": "updated", "direction": "asc", "per_page": page_size}
+        if cursor.since is not None:
+            params["since"] = format_time(cursor.since)
+        headers = {"If-None-Match": cursor.etag} if cursor.etag else {}
+        return f"{self._repo_path()}/issues", params, headers
+
+    def _page(self, response: httpx.Response, cursor: GitHubCursor) -> FetchIssuePageResult:
+        try:
+            raw = _ITEMS.validate_json(response.content)
+            items = [(_lax(_Item, d), "pull_request" in d, d) for d in raw]
+        except ValidationError as exc:
+            if body_is_truncated(exc):
+                return FetchFailure(retry_class="retryable", reason="transport_protocol",
+                                    detail="listing issues: the response body is not complete JSON")
+            return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                detail=f"listing issues: {first_error(exc)}")
+        issues, excluded = [], 0
+        for item, is_pull, data in items:
+            if is_pull:
+                excluded += 1
+                continue
+            try:
+                issues.append(self._map(_lax(_Issue, data)))
+            except ValidationError as exc:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail=f"issue {item.number}: {first_error(exc)}")
+        link = next_link(response)
+        if link is not None:
+            parsed = httpx.URL(link)
+            if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail="the next-page link points outside the configured API")
+            link = parsed.raw_path.decode("ascii")
+        page_max = max((item.updated_at for item, _, _ in items), default=None)
+        token = cursor.after_page(page_max=page_max, served=served_at(response), etag=response.headers.get("ETag"),
+                                  next_link=link).encode()
+        if len(token) > CURSOR_MAX_CHARS:
+            return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                detail="the next-page link or ETag is too long for a cursor token")
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=link is None, excluded=excluded)
+
+    def _map(self, item: _Issue) -> ExternalIssue:
+        user = item.user
+        return ExternalIssue(
+            connector_kind=KIND,
+            external_ref=f"{KIND}:{self._config.repository_id}:{item.number}",
+            title=item.title,
+            description=item.body or "",
+            source_labels=tuple(label if isinstance(label, str) else label.name for label in item.labels),
+            reporter_ref=f"github-user:{user.id}" if user else "github-user:ghost",
+            reporter_display_name=user.login if user else "ghost",
+            external_state=item.state,
+            external_updated_at=item.updated_at,
+            display_url=item.html_url,
+        )
+
+    # -- close ------------------------------------------------------------------------
+
+    def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
+        kind, _, rest = command.external_ref.partition(":")
+        repository, _, number = rest.partition(":")
+        if kind != KIND or repository != str(self._config.repository_id) or not number.isdigit():
+            return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
+                                detail=f"{command.external_ref} is not an issue of GitHub repository "
+                                       f"{self._config.repository_id}")
+        deadline = Deadline(attempt)
+        if not self._token.fresh():  # the issue URL needs the repository's current name
+            problem = self.mint(deadline)
+            if problem is not None:
+                return close_failure(problem)
+        return CloseBack(self, command, f"{self._repo_path()}/issues/{number}", deadline).run()
+
+    def send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+        return self._send(method, url, deadline, endpoint, **kwargs)
+
+    def classify(self, response: httpx.Response, what: str) -> Problem:
+        return status_problem(response, what, self._clock)
+
+    def compose_check(self) -> None:
+        """The trusted composition path mints the first token; a revoked key or installation fails
+        closed here with one line, a transient failure is left to the first invocation."""
+        problem = self.mint(Deadline(ConnectorAttempt(attempt_number=1,
+                                                      deadline_remaining_milliseconds=COMPOSE_BUDGET_MS)))
+        if problem is not None and problem.retry_class == "terminal":
+            self.close()
+            raise GitHubCredentialsRefused(problem.detail)
+
+
+class GitHubCredentialsRefused(RuntimeError):
+    """GitHub refused the App's credentials at composition; one line naming app and installation."""
+
+
+def build(config: GitHubConfig, secrets, context: ComposeContext, *,
+          clock: Callable[[], float] = time.time) -> GitHubConnector:
+    connector = GitHubConnector(config, secrets["private_key"], context, clock=clock)
+    connector.compose_check()
+    return connector

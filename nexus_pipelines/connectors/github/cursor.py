@@ -1,0 +1,117 @@
+"""The GitHub cursor: a readable, bounded token only the GitHub adapter interprets (CX-04).
+
+`gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>;next=<path?query>`
+
+A scan lists `state=all&sort=updated&direction=asc` from the inclusive lower bound
+`since` and walks GitHub's `Link rel="next"` URLs exactly as given (`next`). GitHub
+pages this listing by an opaque `after=` keyset over (updated time, issue id): the
+immutable id breaks ties, so a page boundary inside a run of equal `updated_at` values
+skips nothing, and an issue updated mid-scan moves past the position and is read again
+later in the same scan. `from` is GitHub's `Date` when the scan's first page was served
+and `hwm` the newest `updated_at` the scan saw (pull requests included: the cursor
+advances past what it skips). GitHub times are whole seconds and `since` is
+second-granular, so the next scan starts a whole second before min(hwm, from): never
+later than the provider time at which this scan began, and the boundary second is read
+again whether GitHub's `since` is inclusive or not. The overlap writes nothing
+(receipts dedupe by version).
+
+`etag` is the first page's ETag of the last scan that started at this same `since`:
+the next scan sends it as `If-None-Match`, and a 304 (free of rate limit) ends an
+unchanged poll after one call. `n` grows with every page, so the token always advances.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+PREFIX = "gh1"
+_FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+);next=(.+)$")
+_NONE = "-"
+SCAN_OVERLAP = timedelta(seconds=1)
+
+
+class CursorError(ValueError):
+    pass
+
+
+def format_time(value: datetime | None) -> str:
+    """GitHub's ISO 8601 form, whole seconds (`since` is second-granular)."""
+    if value is None:
+        return _NONE
+    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def _parse_time(value: str) -> datetime | None:
+    if value == _NONE:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise CursorError(f"cursor time {value!r} is not ISO 8601") from None
+    if moment.tzinfo is None:
+        raise CursorError("cursor times carry a zone")
+    return moment
+
+
+def _whole_second(value: datetime) -> datetime:
+    return value.astimezone(UTC).replace(microsecond=0)
+
+
+@dataclass(frozen=True)
+class GitHubCursor:
+    seq: int = 0
+    since: datetime | None = None
+    scan_from: datetime | None = None
+    hwm: datetime | None = None
+    etag: str | None = None
+    next: str | None = None  # path and query of the next page, or None at a scan's start
+
+    def encode(self) -> str:
+        return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
+                f"hwm={format_time(self.hwm)};etag={self.etag or _NONE};next={self.next or _NONE}")
+
+    @classmethod
+    def decode(cls, token: str | None) -> GitHubCursor:
+        if token is None:
+            return cls()
+        match = _FORMAT.match(token)
+        if not match:
+            raise CursorError("not a GitHub cursor token")
+        seq, since, scan_from, hwm, etag, nxt = match.groups()
+        if nxt != _NONE and not nxt.startswith("/"):
+            raise CursorError("the next link of a GitHub cursor is a path")
+        return cls(int(seq), _parse_time(since), _parse_time(scan_from), _parse_time(hwm),
+                   None if etag == _NONE else etag, None if nxt == _NONE else nxt)
+
+    @property
+    def at_scan_start(self) -> bool:
+        return self.next is None
+
+    def after_page(self, *, page_max: datetime | None, served: datetime | None, etag: str | None,
+                   next_link: str | None) -> GitHubCursor:
+        """The token after one page of this scan (the scan ends when `next_link` is None)."""
+        scan_from = self.scan_from if not self.at_scan_start else served
+        first_etag = etag if self.at_scan_start else self.etag
+        hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
+        if next_link is not None:
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=first_etag, next=next_link)
+        return self._next_scan(scan_from, hwm, first_etag)
+
+    def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
+        bounds = [_whole_second(t) for t in (hwm, scan_from) if t is not None]
+        since = min(bounds) - SCAN_OVERLAP if bounds else self.since
+        if self.since is not None and since is not None and since < self.since:
+            since = self.since  # the lower bound never moves back past where this scan began
+        # the first page's ETag answers the same question only when the next scan asks it again
+        return GitHubCursor(seq=self.seq + 1, since=since, etag=etag if since == self.since else None)
+
+    def unchanged(self) -> GitHubCursor:
+        """After a 304 to the scan's first page: nothing changed, the same question next time."""
+        return GitHubCursor(seq=self.seq + 1, since=self.since, etag=self.etag)
+
+    def restarted(self) -> GitHubCursor:
+        """GitHub refused the stored next link (an expired or invalid `after=`): end this scan
+        early; the next one starts no later than this one's start and high-water mark."""
+        return self._next_scan(self.scan_from, self.hwm, None)

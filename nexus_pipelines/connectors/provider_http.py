@@ -1,0 +1,110 @@
+"""What every provider adapter's transport shares: turning an httpx outcome into the seam's
+typed failures, an invocation's own deadline, and the bits of response parsing that are
+the same everywhere (the `Link` header's `rel="next"`, the `Date` header, a one-line
+pydantic error).
+
+Not core: providers choose their own status tables; these are the provider-neutral parts
+of them. A `Problem` says whether a write may have been applied, which decides whether
+a close must reconcile by marker before it may answer anything retryable (CX-08/CX-09).
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import httpx
+from pydantic import ValidationError
+
+from nexus_pipelines.connectors.core.values import (
+    DETAIL_MAX_CHARS,
+    CloseFailure,
+    ConnectorAttempt,
+    FetchFailure,
+)
+from nexus_pipelines.integrations.http import EgressRefused, bounded_timeout
+from nexus_pipelines.redaction import one_line
+
+
+@dataclass(frozen=True)
+class Problem:
+    retry_class: str
+    reason: str
+    detail: str
+    retry_after: float | None = None
+    maybe_written: bool = False  # for writes: the request may have been applied
+
+
+def exception_problem(exc: Exception) -> Problem:
+    """The typed outcome of a transport exception; anything else is a programming error."""
+    name = type(exc).__name__
+    if isinstance(exc, EgressRefused):
+        return Problem("terminal", "contract_violation", one_line(str(exc), 200))
+    if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
+        return Problem("retryable", "timeout", f"{name}: nothing was sent")
+    if isinstance(exc, httpx.TimeoutException):
+        return Problem("retryable", "timeout", name, maybe_written=True)
+    if isinstance(exc, httpx.ConnectError):
+        return Problem("retryable", "transport_connect", f"{name}: the connection was refused")
+    if isinstance(exc, httpx.RemoteProtocolError):
+        return Problem("retryable", "transport_protocol", name, maybe_written=True)
+    if isinstance(exc, (httpx.ReadError, httpx.WriteError, httpx.CloseError)):
+        return Problem("retryable", "transport_read", name, maybe_written=True)
+    if isinstance(exc, httpx.DecodingError):
+        return Problem("retryable", "transport_protocol", name, maybe_written=True)
+    if isinstance(exc, httpx.TransportError):
+        return Problem("retryable", "transport_connect", name, maybe_written=True)
+    raise exc  # core turns an escaping exception into a contract violation
+
+
+def fetch_failure(problem: Problem) -> FetchFailure:
+    return FetchFailure(retry_class=problem.retry_class, reason=problem.reason,
+                        detail=problem.detail[:DETAIL_MAX_CHARS],
+                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+
+
+def close_failure(problem: Problem, disposition: str = "not_written") -> CloseFailure:
+    return CloseFailure(retry_class=problem.retry_class, reason=problem.reason, write_disposition=disposition,
+                        detail=problem.detail[:DETAIL_MAX_CHARS],
+                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+
+
+class Deadline:
+    """The invocation's own view of its budget: every request's timeout fits inside it."""
+
+    def __init__(self, attempt: ConnectorAttempt) -> None:
+        self._end = time.monotonic() + attempt.deadline_remaining_milliseconds / 1000.0
+
+    def timeout(self) -> httpx.Timeout | None:
+        remaining_ms = int((self._end - time.monotonic()) * 1000)
+        return bounded_timeout(remaining_ms) if remaining_ms >= 1 else None
+
+
+def next_link(response: httpx.Response) -> str | None:
+    """The `rel="next"` URL of a `Link` header, exactly as given (None when there is none)."""
+    for part in response.headers.get("Link", "").split(","):
+        url, _, params = part.strip().partition(";")
+        if 'rel="next"' in params.replace(" ", ""):
+            return url.strip().strip("<>")
+    return None
+
+
+def served_at(response: httpx.Response) -> datetime | None:
+    """The provider's clock when it answered (its `Date` header), or None."""
+    try:
+        return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def first_error(exc: ValidationError) -> str:
+    """Where a payload broke its schema, without echoing the value."""
+    first = exc.errors(include_input=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
+
+
+def body_is_truncated(exc: ValidationError) -> bool:
+    """A 2xx body that is not complete JSON: the transport failed, not the schema."""
+    return any(e["type"] == "json_invalid" for e in exc.errors())

@@ -1,0 +1,171 @@
+"""The GitHub binding of the shared conformance suite: a `World` over the GitHub simulator.
+
+One world is one simulator with one App (its public key registered), one installation
+on one repository and the App's private key behind an `env:` reference. The adapter is
+composed through the static registry; composition is the trusted path that mints the
+first installation token, so `adapter(transport=...)` composes over the world's own
+transport and only then routes the adapter's invocations through the given wrapper
+(the suite's wrappers measure invocations, which a composition-time credential exchange
+is not part of).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import httpx
+
+from nexus_pipelines.connectors.core.compose import compose
+from nexus_pipelines.connectors.core.registration import Registration, parse_registration
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
+from nexus_pipelines.local.simulators.gitlab import SimClock
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault, to_sim_request
+from tests.connectors.github.keys import shared_key_pair
+
+REPOSITORY_ID = 1296269
+APP_ID = 4242
+INSTALLATION_ID = 77001
+API_URL = "https://api.github.example.test"
+KEY_ENV = "NEXUS_TEST_GITHUB_APP_KEY"
+
+_OPERATIONS = {"list": "list_issues", "comment": "create_comment", "close": "update_issue", "lookup": "list_comments",
+               "read_issue": "get_issue"}
+_NAMES = {v: k for k, v in _OPERATIONS.items()}
+_TRANSPORT = {
+    "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
+    "connect_error": TransportFault.CONNECT_ERROR,
+    "read_error": TransportFault.RESET_BEFORE_RESPONSE,
+    "protocol_error": TransportFault.PROTOCOL_ERROR,
+    "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
+    "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
+    "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
+}
+
+
+def primary_limit_headers(reset_epoch: int) -> dict[str, str]:
+    return {"x-ratelimit-limit": "5000", "x-ratelimit-remaining": "0", "x-ratelimit-used": "5000",
+            "x-ratelimit-reset": str(reset_epoch), "x-ratelimit-resource": "core"}
+
+
+class _Switch(httpx.BaseTransport):
+    """Forwards to `inner`, which the world swaps once composition is done."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.inner.handle_request(request)
+
+
+class GitHubWorld:
+    kind = "github"
+
+    def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
+                 clock: SimClock | None = None) -> None:
+        self.private_key, public_key = key_pair or shared_key_pair()
+        self.state = GitHubState(clock or SimClock(datetime.now(UTC).replace(microsecond=0)))
+        self.repository_id = repository_id
+        self.state.add_app(APP_ID, public_key)
+        self.state.add_repository(repository_id, "acme", f"platform-{repository_id}")
+        self.state.install(INSTALLATION_ID, APP_ID, [repository_id])
+        self.simulator = GitHubSimulator(self.state)
+        self.transport = SimulatorTransport(self.simulator)
+        self.environ = {KEY_ENV: self.private_key}
+
+    @property
+    def secret_values(self) -> tuple[str, ...]:
+        """The App's private key and every installation token the simulator issued."""
+        return (self.private_key, *self.state.tokens)
+
+    def registration(self, *, key: str = "conformance", tenant: str = "acme", project: str = "conformance",
+                     page_size: int = 100) -> Registration:
+        repo = self.state.repositories[self.repository_id]
+        data = {
+            "key": key, "tenant": tenant, "project": project, "kind": "github", "page_size": page_size,
+            "poll_interval_seconds": 60,
+            "provider": {"api_url": API_URL, "app_id": APP_ID, "installation_id": INSTALLATION_ID,
+                         "repository_id": self.repository_id, "owner": repo.owner, "repo": repo.name,
+                         "private_key": f"env:{KEY_ENV}"},
+        }
+        return parse_registration(data, REGISTRY, source=f"{key}.yaml")
+
+    def adapter(self, registration: Registration | None = None, transport: httpx.BaseTransport | None = None):
+        route = _Switch(self.transport)
+        adapter = compose(registration or self.registration(), REGISTRY, ComposeContext(transport=route),
+                          environ=self.environ)
+        route.inner = transport or self.transport
+        return adapter
+
+    def _ref(self, number: int) -> str:
+        return f"github:{self.repository_id}:{number}"
+
+    def _number(self, external_ref: str) -> int:
+        return int(external_ref.rsplit(":", 1)[1])
+
+    def add_issues(self, count: int, *, same_updated_at: bool = False, title: str = "Issue") -> list[str]:
+        start = self.state.clock.now()
+        refs = []
+        for n in range(count):
+            moment = start if same_updated_at else start + timedelta(milliseconds=n)
+            issue = self.state.add_issue(self.repository_id, title=f"{title} {n}", body=f"Body {n}",
+                                         labels=["bug"] if n % 2 else [], updated_at=moment)
+            refs.append(self._ref(issue.number))
+        self.state.clock.advance(1)
+        return refs
+
+    def update_issue(self, external_ref: str, *, title: str) -> None:
+        self.state.update_issue(self.repository_id, self._number(external_ref), title=title)
+        self.state.clock.advance(0.001)
+
+    def add_excluded_item(self) -> None:
+        self.state.add_issue(self.repository_id, title="A pull request, not an issue", pull_request=True)
+        self.state.clock.advance(0.001)
+
+    def issue_state(self, external_ref: str) -> str:
+        return self.state.issue(self.repository_id, self._number(external_ref)).state
+
+    def comments(self, external_ref: str) -> list[str]:
+        return [c.body for c in self.state.issue(self.repository_id, self._number(external_ref)).comments]
+
+    def add_comment(self, external_ref: str, body: str) -> None:
+        self.state.add_comment(self.repository_id, self._number(external_ref), body, User(8, "someone"))
+
+    def fault(self, name: str) -> Fault:
+        if name in _TRANSPORT:
+            return Fault(transport=_TRANSPORT[name])
+        reset = int(self.state.clock.now().timestamp()) + 3600
+        return {
+            "throttled": Fault(status=403, headers={"retry-after": "1"},
+                               body={"message": SECONDARY_MESSAGE, "documentation_url": "https://docs.github.com/"
+                                     "rest/overview/rate-limits-for-the-rest-api#about-secondary-rate-limits"}),
+            "throttled_long": Fault(status=403, headers=primary_limit_headers(reset),
+                                    body={"message": f"API rate limit exceeded for installation ID {INSTALLATION_ID}."}),
+            "provider_5xx": Fault(status=500, body={"message": "Server Error"}),
+            "authentication": Fault(status=401, body={"message": "Bad credentials"}),
+            "authorization": Fault(status=403, headers={"x-accepted-github-permissions": "issues=write"},
+                                   body={"message": "Resource not accessible by integration"}),
+            "ordinary_4xx": Fault(status=404, body={"message": "Not Found"}),
+            "invalid_payload": Fault(status=200, body=[{"id": "not-a-number", "number": 1}]),
+            "apply_then_5xx": Fault(after_apply_status=502),
+        }[name]
+
+    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
+        self.state.faults.push(_OPERATIONS[operation], *[self.fault(fault)] * times)
+
+    def clear_faults(self) -> None:
+        self.state.faults.clear()
+
+    def requests(self) -> list[tuple[str, str]]:
+        out = []
+        for request in self.transport.requests:
+            operation, _ = GitHubSimulator.route(to_sim_request(request))
+            out.append((_NAMES.get(operation, operation), request.method))
+        return out
+
+    def clear_requests(self) -> None:
+        self.transport.requests.clear()
+
+    def advance(self, seconds: float) -> None:
+        self.state.clock.advance(seconds)

@@ -1,0 +1,305 @@
+"""GitHub specifics beyond the shared suite: request shape, App credentials and their custody,
+token refresh, pull requests, renamed repositories, rate limits, conditional requests and
+the cursor's scan rules."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
+
+import jwt
+import pytest
+from pydantic import SecretStr
+
+from nexus_pipelines.connectors.core.compose import compose
+from nexus_pipelines.connectors.core.registry import ComposeContext, ConnectorRegistry
+from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePage, FetchFailure, FetchIssuePage
+from nexus_pipelines.connectors.github import SPEC
+from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
+from nexus_pipelines.connectors.github.cursor import GitHubCursor
+from nexus_pipelines.connectors.provider_http import Deadline
+from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit
+from nexus_pipelines.local.simulators.http import Fault
+from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
+from tests.connectors.github.harness import APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
+from tests.connectors.github.keys import new_key_pair
+
+
+@pytest.fixture
+def world():
+    return GitHubWorld()
+
+
+def on_sim_clock(world):
+    """The adapter composed with the simulator's clock as its own, for tests that move time."""
+    row = dataclasses.replace(SPEC, build=functools.partial(build, clock=lambda: world.state.clock.now().timestamp()))
+    return compose(world.registration(), ConnectorRegistry([row]), ComposeContext(transport=world.transport),
+                   environ=world.environ)
+
+
+def fetch(adapter, cursor=None, page_size=100):
+    return adapter.fetch_page(FetchIssuePage(cursor=cursor, page_size=page_size), _attempt())
+
+
+def query_of(request):
+    return {k: v[-1] for k, v in parse_qs(urlsplit(str(request.url)).query).items()}
+
+
+def ops(world):
+    return [op for op, _ in world.requests()]
+
+
+def test_composition_mints_a_token_narrowed_to_the_repository_with_a_valid_app_jwt(world):
+    world.adapter()
+    (mint,) = world.transport.requests
+    assert mint.url.path == f"/app/installations/{INSTALLATION_ID}/access_tokens"
+    assert json.loads(mint.content) == {"repository_ids": [REPOSITORY_ID],
+                                        "permissions": {"issues": "write", "metadata": "read"}}
+    signed = mint.headers["Authorization"].removeprefix("Bearer ")
+    public = world.state.apps[APP_ID].public_keys[0]
+    claims = jwt.decode(signed, public, algorithms=["RS256"], options={"verify_exp": False, "verify_iat": False})
+    assert claims["iss"] == str(APP_ID) and claims["exp"] - claims["iat"] <= 600
+    assert jwt.get_unverified_header(signed)["alg"] == "RS256"
+    (token,) = world.state.tokens.values()
+    assert token.repository_ids == [REPOSITORY_ID] and token.permissions == {"issues": "write", "metadata": "read"}
+
+
+def test_the_listing_asks_for_every_state_by_update_time_ascending_and_follows_next_links(world):
+    world.add_issues(3)
+    adapter = world.adapter()
+    world.clear_requests()
+    first = fetch(adapter, page_size=2)
+    request = world.transport.requests[0]
+    assert query_of(request) == {"state": "all", "sort": "updated", "direction": "asc", "per_page": "2"}
+    assert request.url.path == f"/repos/acme/platform-{REPOSITORY_ID}/issues"
+    assert request.headers["Authorization"].startswith("Bearer ghs_") and request.headers["User-Agent"]
+    assert request.headers["X-GitHub-Api-Version"] == "2022-11-28"
+    second = fetch(adapter, first.next_cursor, page_size=2)
+    followed = world.transport.requests[1]
+    assert "after" in query_of(followed) and followed.url.path == f"/repositories/{REPOSITORY_ID}/issues"
+    assert second.exhausted and [i.title for i in first.issues + second.issues] == ["Issue 0", "Issue 1", "Issue 2"]
+    fetch(adapter, second.next_cursor, page_size=2)
+    since = query_of(world.transport.requests[2])["since"]
+    assert since.endswith("Z") and len(since) == len("2026-01-01T00:00:00Z")  # whole seconds
+
+
+def test_equal_timestamps_across_pages_are_all_delivered_and_the_next_scan_rereads_the_last_second(world):
+    refs = world.add_issues(250, same_updated_at=True)
+    adapter = world.adapter()
+    issues, tokens = scan(world, adapter, page_size=100)
+    assert sorted(i.external_ref for i in issues) == sorted(refs) and len(issues) == 250
+    since = GitHubCursor.decode(tokens[-1]).since
+    assert since == issues[0].external_updated_at - timedelta(seconds=1)
+    again, _ = scan(world, adapter, page_size=100, cursor=tokens[-1])
+    assert {i.external_ref for i in again} == set(refs)  # the boundary second is read again, nothing is lost
+
+
+def test_pull_requests_are_excluded_while_the_cursor_moves_past_them(world):
+    world.add_issues(1)
+    for _ in range(3):
+        world.add_excluded_item()
+    world.state.clock.advance(5)
+    page = fetch(world.adapter())
+    assert [i.title for i in page.issues] == ["Issue 0"] and page.excluded == 3
+    newest_pull = max(i.updated_at for i in world.state.repositories[REPOSITORY_ID].issues.values()
+                      if i.is_pull_request)
+    assert GitHubCursor.decode(page.next_cursor).since == newest_pull.replace(microsecond=0) - timedelta(seconds=1)
+
+
+def test_identity_survives_a_rename_and_redirects_are_refused_never_followed(world):
+    (ref,) = world.add_issues(1)
+    adapter = world.adapter()
+    before = fetch(adapter).issues[0]
+    world.state.rename(REPOSITORY_ID, "acme-renamed", "platform-next")
+    world.clear_requests()
+    refused = fetch(adapter)
+    assert isinstance(refused, FetchFailure) and (refused.retry_class, refused.reason) == ("terminal", "ordinary_4xx")
+    assert "HTTP 301" in refused.detail and len(world.transport.requests) == 1  # not followed
+    command = close_command(ref)
+    closing = adapter.comment_and_close(command, _attempt())
+    assert isinstance(closing, CloseFailure) and "HTTP 307" in closing.detail and world.comments(ref) == []
+    adapter._token.drop()  # the next mint learns the repository's current name from its id
+    after = fetch(adapter).issues[0]
+    assert after.external_ref == before.external_ref == ref
+    assert "acme-renamed/platform-next" in after.display_url
+
+
+def test_a_reused_name_is_never_read_under_this_repositorys_identity(world):
+    world.add_issues(1)
+    adapter = world.adapter()
+    world.state.rename(REPOSITORY_ID, "acme", "platform-archived")
+    impostor = world.state.add_repository(999, "acme", f"platform-{REPOSITORY_ID}")
+    world.state.add_issue(impostor.id, title="not ours")
+    result = fetch(adapter)
+    assert isinstance(result, FetchFailure) and "HTTP 404" in result.detail  # the token covers only our id
+
+
+@pytest.mark.parametrize("damage, reason, words", [
+    ("revoke_key", "authentication", "A JSON web token could not be decoded"),
+    ("uninstall", "authorization", "HTTP 404"),
+    ("suspend", "authorization", "suspended"),
+    ("drop_repository", "authorization", "not accessible to the parent installation"),
+])
+def test_a_revoked_key_or_installation_fails_closed_with_one_line(world, damage, reason, words):
+    installation = world.state.installations[INSTALLATION_ID]
+    if damage == "revoke_key":
+        world.state.apps[APP_ID].public_keys = [new_key_pair()[1]]
+    elif damage == "uninstall":
+        del world.state.installations[INSTALLATION_ID]
+    elif damage == "suspend":
+        installation.suspended = True
+    else:
+        installation.repository_ids = []
+    with pytest.raises(GitHubCredentialsRefused) as refused:
+        world.adapter()
+    line = str(refused.value)
+    assert words in line and "\n" not in line and f"app {APP_ID}" in line and world.private_key not in line
+    registration = world.registration()
+    connector = GitHubConnector(registration.provider, SecretStr(world.private_key),
+                                ComposeContext(transport=world.transport))
+    problem = connector.mint(Deadline(_attempt()))
+    assert (problem.retry_class, problem.reason) == ("terminal", reason)
+
+
+def test_a_revoked_installation_token_is_dropped_and_the_next_call_fails_closed_at_the_mint(world):
+    world.add_issues(1)
+    adapter = world.adapter()
+    world.state.revoke_tokens(INSTALLATION_ID)
+    world.state.installations[INSTALLATION_ID].suspended = True
+    first = fetch(adapter)
+    assert isinstance(first, FetchFailure) and first.reason == "authentication" and "Bad credentials" in first.detail
+    second = fetch(adapter)
+    assert isinstance(second, FetchFailure) and (second.retry_class, second.reason) == ("terminal", "authorization")
+    assert "suspended" in second.detail and ops(world)[-1] == "create_token"
+
+
+def test_the_token_is_refreshed_before_it_expires_and_work_goes_on_across_the_old_ones_expiry(world):
+    world.add_issues(2)
+    adapter = on_sim_clock(world)
+    first_token = next(iter(world.state.tokens))
+    world.advance(56 * 60)  # inside the five-minute refresh margin of the hour
+    page = fetch(adapter)
+    assert isinstance(page, ExternalIssuePage) and ops(world)[-2:] == ["create_token", "list"]
+    assert len(world.state.tokens) == 2
+    world.advance(10 * 60)  # the first token has expired; the second is used
+    again = fetch(adapter, page.next_cursor)
+    assert isinstance(again, ExternalIssuePage) and ops(world)[-1] == "list"
+    assert world.transport.requests[-1].headers["Authorization"] != f"Bearer {first_token}"
+    assert world.state.tokens[first_token].expires_at <= world.state.clock.now()
+
+
+def test_a_primary_limit_waits_for_the_reset_and_sends_nothing_meanwhile(world):
+    world.add_issues(5)
+    world.state.primary = PrimaryLimit(limit=2, window_s=600)
+    adapter = on_sim_clock(world)
+    first = fetch(adapter, page_size=2)
+    second = fetch(adapter, first.next_cursor, page_size=2)  # spends the last request: remaining 0
+    assert isinstance(second, ExternalIssuePage)
+    held = fetch(adapter, second.next_cursor, page_size=2)
+    assert isinstance(held, FetchFailure) and (held.retry_class, held.reason) == ("retryable", "throttled")
+    assert 0 < held.retry_after_seconds <= 601 and "nothing was sent" in held.detail
+    assert world.state.limited_calls == 0 and ops(world).count("list") == 2
+    world.advance(held.retry_after_seconds)
+    assert isinstance(fetch(adapter, second.next_cursor, page_size=2), ExternalIssuePage)
+    assert world.state.limited_calls == 0
+
+
+def test_a_primary_limit_answer_is_throttling_never_authorization(world):
+    world.add_issues(1)
+    world.state.primary = PrimaryLimit(limit=0, window_s=3600)
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("retryable", "throttled")
+    assert result.retry_after_seconds > 60 and "API rate limit exceeded" in result.detail
+
+
+@pytest.mark.parametrize("retry_after, minimum", [(30, 30), (None, 60)])
+def test_a_secondary_limit_waits_as_asked_or_at_least_a_minute(world, retry_after, minimum):
+    (ref,) = world.add_issues(1)
+    world.state.secondary = SecondaryLimit(creations=0, retry_after=retry_after)
+    result, log = executor().close(world.adapter(), close_command(ref))
+    assert isinstance(result, CloseFailure) and (result.reason, result.write_disposition) == ("throttled",
+                                                                                              "not_written")
+    assert result.retry_after_seconds >= minimum and log.attempts == 1 and world.comments(ref) == []
+
+
+def test_a_permission_403_is_terminal_authorization(world):
+    (ref,) = world.add_issues(1)
+    world.state.installations[INSTALLATION_ID].permissions = {"issues": "read", "metadata": "read"}
+    with pytest.raises(GitHubCredentialsRefused, match="not granted"):
+        world.adapter()  # the token asked for issues: write is refused at the mint
+    world.state.installations[INSTALLATION_ID].permissions = {"issues": "write", "metadata": "read"}
+    adapter = world.adapter()
+    for token in world.state.tokens.values():
+        token.permissions = {"issues": "read", "metadata": "read"}
+    result, log = executor().close(adapter, close_command(ref))
+    assert isinstance(result, CloseFailure) and (result.retry_class, result.reason) == ("terminal", "authorization")
+    assert "Resource not accessible by integration" in result.detail and log.attempts == 1
+
+
+def test_an_unchanged_poll_ends_with_one_conditional_request_answered_304(world):
+    world.add_issues(3)
+    adapter = world.adapter()
+    _, tokens = scan(world, adapter)
+    _, tokens = scan(world, adapter, cursor=tokens[-1])  # reads the overlap second again
+    world.clear_requests()
+    page = fetch(adapter, tokens[-1])
+    assert isinstance(page, ExternalIssuePage) and page.exhausted and page.issues == ()
+    assert world.transport.requests[0].headers.get("If-None-Match", "").startswith('W/"')
+    assert len(world.transport.requests) == 1 and page.next_cursor != tokens[-1]
+    world.update_issue(f"github:{REPOSITORY_ID}:2", title="changed")
+    changed = fetch(adapter, page.next_cursor)
+    assert "changed" in [i.title for i in changed.issues]  # with the rest of the overlap second
+
+
+def test_a_refused_next_link_restarts_the_scan_without_missing_anything(world):
+    refs = world.add_issues(6)
+    adapter = world.adapter()
+    first = fetch(adapter, page_size=2)
+    world.state.faults.push("list_issues", Fault(status=422, body={"message": "Validation Failed"}))
+    restarted = fetch(adapter, first.next_cursor, page_size=2)
+    assert isinstance(restarted, ExternalIssuePage) and not restarted.exhausted and restarted.issues == ()
+    rest, _ = scan(world, adapter, page_size=2, cursor=restarted.next_cursor)
+    assert {i.external_ref for i in first.issues + tuple(rest)} == set(refs)
+
+
+def test_a_next_link_outside_the_api_is_refused(world):
+    world.add_issues(3)
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={
+        "Link": '<https://evil.example.com/repositories/1/issues?after=x>; rel="next"'}))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "outside" in result.detail
+
+
+def test_payloads_are_validated_strictly(world):
+    world.add_issues(1)
+    adapter = world.adapter()
+    for item, words in (({"number": 1, "updated_at": "2026-01-01T00:00:00Z", "id": 5, "title": "t", "body": None,
+                          "state": "merged", "labels": [], "user": None, "html_url": "https://x"}, "state"),
+                        ({"number": 0, "updated_at": "2026-01-01T00:00:00Z"}, "number"),
+                        ({"number": 2, "updated_at": "yesterday"}, "updated_at")):
+        world.state.faults.push("list_issues", Fault(status=200, body=[item]))
+        result = fetch(adapter)
+        assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and words in result.detail
+    world.state.update_issue(REPOSITORY_ID, 1, body="x" * 1_048_577)
+    result = fetch(adapter)
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "description" in result.detail
+
+
+def test_a_deleted_author_maps_to_the_ghost_user(world):
+    world.add_issues(1)
+    world.state.issue(REPOSITORY_ID, 1).user = None
+    (issue,) = fetch(world.adapter()).issues
+    assert (issue.reporter_ref, issue.reporter_display_name) == ("github-user:ghost", "ghost")
+
+
+def test_the_cursor_round_trips_and_refuses_garbage():
+    cursor = GitHubCursor(seq=4, etag='W/"abc"', next="/repositories/1/issues?after=abc&page=2")
+    assert GitHubCursor.decode(cursor.encode()) == cursor
+    for bad in ("gl1;n=1", "gh1;n=x;since=-;from=-;hwm=-;etag=-;next=-",
+                "gh1;n=1;since=yesterday;from=-;hwm=-;etag=-;next=-",
+                "gh1;n=1;since=-;from=-;hwm=-;etag=-;next=https://evil.example.com/x"):
+        with pytest.raises(ValueError):
+            GitHubCursor.decode(bad)
