@@ -33,7 +33,8 @@ class Mutant:
 MUTANTS = (
     Mutant("custody dedup", "nexus_pipelines/tickets/intake.py", "    if row is None:\n", "    if True:\n"),
     Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
-           " ORDER BY d.ord\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n", " ORDER BY d.ord\n"),
+           " ORDER BY d.ordinality\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n",
+           " ORDER BY d.ordinality\n"),
     Mutant("proof eligibility", "nexus_pipelines/tickets/proofs.py",
            'if status == "cancelled" or triage in ("DUPLICATE", "REJECTED"):', "if False:"),
     Mutant("marker reconciliation after an ambiguous write", "nexus_pipelines/connectors/gitlab/adapter.py",
@@ -68,9 +69,10 @@ def run_mutant(mutant: Mutant) -> dict:
         source.write_text(text.replace(mutant.old, mutant.new))
         result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TARGETS],
                                 cwd=copy, capture_output=True, text=True, timeout=600)
-        tail = result.stdout.strip().splitlines()[-1:] or [""]
-        # exit code 1 is "tests failed"; 2-5 are errors that prove nothing about the guard
-        return {"mutant": mutant.name, "killed": result.returncode == 1, "exit": result.returncode, "why": tail[0]}
+        tail = (result.stdout.strip().splitlines()[-1:] or [""])[0]
+        # a failed test kills the mutant; errors (setup, collection, a server that died) prove nothing
+        killed = result.returncode == 1 and " failed" in f" {tail}" and " error" not in tail
+        return {"mutant": mutant.name, "killed": killed, "exit": result.returncode, "why": tail}
 
 
 def main() -> int:
