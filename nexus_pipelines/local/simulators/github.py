@@ -49,8 +49,15 @@ from urllib.parse import urlencode
 
 import jwt
 
-from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import Fault, FaultQueue, SimRequest, SimResponse, answer_fault, build_app
+from nexus_pipelines.local.simulators.http import (
+    Fault,
+    FaultQueue,
+    SimClock,
+    SimRequest,
+    SimResponse,
+    answer_fault,
+    build_app,
+)
 
 API_VERSIONS = ("2022-11-28", "2026-03-10")
 DOCS = "https://docs.github.com/rest"

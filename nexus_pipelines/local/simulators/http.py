@@ -18,6 +18,7 @@ import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from enum import Enum
 from typing import Any
 from urllib.parse import parse_qs
@@ -29,6 +30,25 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+
+class SimClock:
+    """The simulator's wall clock: real time by default, or frozen and advanced by tests."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._frozen = start
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            moment = self._frozen or datetime.now(UTC)
+        return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            if self._frozen is None:
+                raise RuntimeError("advance() needs a frozen clock")
+            self._frozen += timedelta(seconds=seconds)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ from nexus_pipelines.connectors.core.registration import Registration, parse_reg
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
-from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault, to_sim_request
+from nexus_pipelines.local.simulators.http import Fault, SimClock, SimulatorTransport, TransportFault, to_sim_request
 from tests.connectors.github.keys import shared_key_pair
 
 REPOSITORY_ID = 1296269
