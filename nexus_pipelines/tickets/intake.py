@@ -2,8 +2,9 @@
 observations (CX-06, CX-07, CX-11).
 
 The first observation of an external reference creates exactly one ticket, its custody
-link, the automatic P2 priority fact, the UNTRIAGED triage fact and the observation,
-in one transaction. An unchanged replay writes nothing (the observation is unique by
+link, the automatic P2 priority fact, the UNTRIAGED triage fact, the unresolved
+commander-owned `connector_triage_required` Attention finding and the observation, in
+one transaction (CX-13). An unchanged replay writes nothing (the observation is unique by
 source digest); a new digest appends one observation and makes one deterministic
 ticket update, unless it is older than a version already observed (then only the
 observation is kept). Provider content is external and untrusted: it can change
@@ -105,6 +106,11 @@ def _create(conn: Connection, key: CustodyKey, project: str, issue: ExternalIssu
         """INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
            VALUES (%s, 'UNTRIAGED', %s, 'created by connector intake')""",
         (ticket_id, INTAKE_ACTOR),
+    )
+    conn.execute(
+        """INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
+           VALUES ('connector_triage_required', 'commander', %s, %s, %s, %s)""",
+        (key.tenant, project, ticket_id, INTAKE_ACTOR),
     )
     _observe(conn, ticket_id, issue, digest, work_id, work_token)
     return ticket_id

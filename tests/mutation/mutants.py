@@ -35,7 +35,7 @@ MUTANTS = (
     Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
            " ORDER BY d.ord\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n", " ORDER BY d.ord\n"),
     Mutant("proof eligibility", "nexus_pipelines/tickets/proofs.py",
-           'if status == "cancelled" or triage in ("DUPLICATE", "REJECTED"):', "if False:"),
+           'if triage != "ACCEPTED" or status == "cancelled":', "if False:"),
     Mutant("marker reconciliation after an ambiguous write", "nexus_pipelines/connectors/gitlab/adapter.py",
            "        if not problem.maybe_written:\n            return None, _close_failure(problem)",
            "        if True:\n            return None, _close_failure(problem)"),
