@@ -1,6 +1,6 @@
 """Read models of the pages (CX-15): the Board (tickets by lifecycle state with a triage
-filter and each project's counts), Ticket Detail, and Attention (unresolved findings,
-oldest first). They read only the projection and the facts; ages come from the
+filter and each project's counts) and Attention (unresolved findings, oldest first);
+Ticket Detail reads `queries.ticket_detail`. They read only the projection and the facts; ages come from the
 database clock. A scope is the projects the reader is a member of.
 """
 
@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from psycopg import Connection
-from psycopg.rows import dict_row
 
 from nexus_pipelines.actors.store import Membership
 
@@ -112,36 +111,3 @@ def attention_items(conn: Connection, memberships: list[Membership]) -> list[Att
              ORDER BY f.opened_at, f.finding_id""",
         _scope(memberships)).fetchall()
     return [AttentionItem(*row) for row in rows]
-
-
-def page_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
-    """One connector ticket with its source, age, finding, relations and attributed facts."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        ticket = cur.execute(
-            f"""SELECT t.ticket_id, t.tenant, t.project, t.title, t.description, t.labels, t.status, t.triage_state,
-                       t.priority, t.source_state, t.version, t.created_at, {_AGE.format('t.created_at')} AS age_s,
-                       l.external_ref, l.display_url, l.connector_kind,
-                       l.tenant || '/' || l.registration_key AS registration_id
-                  FROM tickets t JOIN ticket_custody_links l USING (ticket_id) WHERE t.ticket_id = %s""",
-            (ticket_id,)).fetchone()
-        if ticket is None:
-            return None
-        ticket["finding"] = cur.execute(
-            f"""SELECT f.finding_id, f.kind, f.owner_role, f.opened_at, {_AGE.format('f.opened_at')} AS age_s,
-                       r.disposition, r.resolved_at
-                  FROM attention_findings f LEFT JOIN attention_resolutions r USING (finding_id)
-                 WHERE f.ticket_id = %s""", (ticket_id,)).fetchone()
-        ticket["relations"] = cur.execute(
-            "SELECT relation, related_ticket_id FROM ticket_relations WHERE ticket_id = %s ORDER BY relation_id",
-            (ticket_id,)).fetchall()
-        ticket["duplicated_by"] = [r["ticket_id"] for r in cur.execute(
-            "SELECT ticket_id FROM ticket_relations WHERE related_ticket_id = %s ORDER BY ticket_id",
-            (ticket_id,)).fetchall()]
-        ticket["trail"] = cur.execute(
-            """SELECT 'priority' AS kind, priority AS value, prior_priority AS prior, actor, actor_role, reason,
-                      recorded_at FROM ticket_priority_facts WHERE ticket_id = %(id)s
-               UNION ALL
-               SELECT 'triage', triage_state, NULL, actor, actor_role, reason, recorded_at
-                 FROM ticket_triage_facts WHERE ticket_id = %(id)s
-               ORDER BY recorded_at""", {"id": ticket_id}).fetchall()
-    return ticket

@@ -18,6 +18,7 @@ from nexus_pipelines.tickets import board, projection
 from nexus_pipelines.tickets.authority import CommandRefused, NotAuthorized
 from nexus_pipelines.tickets.commands import VersionConflict, set_connector_ticket_priority, triage_connector_ticket
 from nexus_pipelines.tickets.proofs import ProofRefused, record_proof
+from nexus_pipelines.tickets.queries import ticket_detail
 from nexus_pipelines.actors.store import memberships, revoke
 from nexus_pipelines.workqueue.dlq import replay
 from tests.connectors.support import Plant, counts
@@ -119,7 +120,7 @@ def test_a_commander_accepts_after_an_operator_priority_and_the_trail_records_bo
         assert (accepted.triage_state, accepted.priority, accepted.status, accepted.replayed) == (
             "ACCEPTED", "P1", "open", False)
         assert _unresolved(conn, ticket) == 0
-        trail = board.page_detail(conn, ticket)["trail"]
+        trail = ticket_detail(conn, ticket)["trail"]
     assert [(f["kind"], f["value"], f["prior"], f["actor"], f["actor_role"]) for f in trail] == [
         ("priority", "P2", None, "system:intake", None),
         ("triage", "UNTRIAGED", None, "system:intake", None),
@@ -315,7 +316,7 @@ def test_projection_rebuild_restores_board_detail_and_attention(plant, pool):
 
         def views():
             return (board.project_counts(conn, scope), board.board_lanes(conn, scope),
-                    board.attention_items(conn, scope)[0].ticket_id, [board.page_detail(conn, t)["triage_state"]
+                    board.attention_items(conn, scope)[0].ticket_id, [ticket_detail(conn, t)["triage_state"]
                                                                       for t in ids])
 
         before = views()

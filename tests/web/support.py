@@ -1,0 +1,55 @@
+"""A project with real ingested GitLab tickets and its actors, for the page tests."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import uuid
+from dataclasses import dataclass
+
+from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from tests.connectors.support import Plant
+from tests.tickets.support import member
+
+_worlds = itertools.count(PROJECT_ID + 2000)
+
+
+@dataclass(frozen=True)
+class Seeded:
+    project_id: str
+    ticket_ids: list[int]
+    commander: str  # credentials, as the people were given them
+    operator: str
+    outsider: str  # a commander of another project
+
+
+def seed(pool, issues: int = 3) -> Seeded:
+    project, other = f"web-{uuid.uuid4().hex[:6]}", f"web-{uuid.uuid4().hex[:6]}"
+    plant = Plant(GitLabWorld(project_id=next(_worlds)), pool)
+    for name, count in ((project, issues), (other, 1)):
+        registration = plant.world.registration(key=f"reg-{name}", project=name)
+        plant.activate(registration)
+        if name == project:
+            plant.world.add_issues(count)
+        plant.sync([registration])
+    with pool.connection() as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT ticket_id FROM ticket_custody_links WHERE registration_key = %s ORDER BY ticket_id",
+            (f"reg-{project}",))]
+        _, commander = member(conn, f"acme/{project}", "commander", name=f"cmd-{project}")
+        _, operator = member(conn, f"acme/{project}", "operator", name=f"op-{project}")
+        _, outsider = member(conn, f"acme/{other}", "commander", name=f"out-{other}")
+    return Seeded(f"acme/{project}", ids, commander, operator, outsider)
+
+
+def text_of(html: str, name: str) -> str:
+    match = re.search(rf'data-testid="{name}"[^>]*>\s*(.*?)\s*<', html, re.S)
+    assert match, f"no {name} on the page"
+    return match.group(1)
+
+
+def hidden(html: str, form: str) -> dict[str, str]:
+    """The hidden fields of the page's form with that data-testid."""
+    section = html[html.index(f'data-testid="{form}"'):]
+    section = section[:section.index("</form>")]
+    return dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', section))
