@@ -60,6 +60,14 @@ def show_cmd(ticket_id: int, as_json: bool) -> None:
     click.echo(f"  source {detail['external_ref']} ({detail['display_url']}), state {detail['source_state']}")
     click.echo(f"  status {detail['status']}, triage {detail['triage_state']}, priority {detail['priority']}, "
                f"version {detail['version']}")
+    finding = detail["finding"]
+    if finding:
+        state = f"resolved {finding['disposition']}" if finding["disposition"] else \
+            f"unresolved, waiting {finding['age_s']}s"
+        click.echo(f"  attention: {finding['kind']} for the {finding['owner_role']}, {state}")
+    for relation in detail["relations"]:
+        verb = relation["relation"] if relation["direction"] == "outgoing" else f"{relation['relation']} (by)"
+        click.echo(f"  {verb} ticket {relation['ticket_id']}")
     for name in ("observations", "priority_facts", "triage_facts", "proofs", "close_commands"):
         click.echo(f"  {name.replace('_', ' ')}: {len(detail[name])}")
         for row in detail[name]:
@@ -96,7 +104,7 @@ def _credential() -> str:
     if credential:
         return credential
     if not sys.stdin.isatty():
-        raise UserError(f"no actor credential: set {CREDENTIAL_ENV} (or run in a terminal to be asked for it)")
+        raise UserError(f"no actor credential given: export {CREDENTIAL_ENV} (or run in a terminal to be asked for it)")
     return click.prompt("actor credential", hide_input=True)
 
 

@@ -31,6 +31,24 @@ def counts_by_registration(conn: Connection) -> dict[str, TicketCounts]:
 
 
 @dataclass(frozen=True)
+class WaitingFindings:
+    unresolved: int
+    oldest_age_s: int  # of the oldest unresolved finding, by the database clock
+
+
+def waiting_findings_by_registration(conn: Connection) -> dict[str, WaitingFindings]:
+    """Unresolved Attention findings of each registration's tickets (registrations with none are absent)."""
+    rows = conn.execute(
+        """SELECT l.tenant || '/' || l.registration_key, count(*),
+                  extract(epoch FROM clock_timestamp() - min(f.opened_at))::bigint
+             FROM attention_findings f JOIN ticket_custody_links l USING (ticket_id)
+            WHERE NOT EXISTS (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)
+            GROUP BY 1"""
+    ).fetchall()
+    return {row[0]: WaitingFindings(row[1], row[2]) for row in rows}
+
+
+@dataclass(frozen=True)
 class TicketRow:
     ticket_id: int
     registration_id: str
