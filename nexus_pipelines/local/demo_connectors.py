@@ -6,7 +6,9 @@ simulator on loopback, through the code location's own Dagster jobs.
    a project with issues the first time;
 2. activate the `demo-gitlab` registration (configs/connectors/local);
 3. run the poll, receipt-router and drain jobs: issues in, tickets out (UNTRIAGED, P2);
-4. record one accepted success proof and drain: one marked comment, the issue closed;
+4. the demo commander sets the first ticket's priority and accepts it (through the
+   same commands as the pages), then one accepted success proof is recorded and drained:
+   one marked comment, the issue closed;
 5. poll once more (the close-back changed the issue: one observation), then run
    everything again: nothing new is written (custody, digests and the receipt).
 """
@@ -50,6 +52,27 @@ def _counts(conn, registration_id: str) -> dict[str, int]:
         "close receipts": one("SELECT count(*) FROM ticket_close_receipts r JOIN ticket_close_commands c"
                               " USING (command_id) WHERE c.tenant = %s AND c.registration_key = %s"),
     }
+
+
+def _accept_as_demo_commander(conn, ticket_id: int, project_id: str) -> None:
+    """Only an ACCEPTED ticket takes a proof: the demo's commander decides as a person would."""
+    from nexus_pipelines.actors.store import ActorError, add_actor, authenticate, grant, reissue
+    from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
+
+    try:
+        credential = add_actor(conn, "demo-commander", display_name="Demo Commander", created_by="demo")
+    except ActorError:  # an earlier demo added it: a fresh credential, never printed
+        credential = reissue(conn, "demo-commander", issued_by="demo")
+    grant(conn, "demo-commander", project_id, "commander", granted_by="demo")
+    commander = authenticate(conn, credential)
+    state, version = conn.execute("SELECT triage_state, version FROM tickets WHERE ticket_id = %s",
+                                  (ticket_id,)).fetchone()
+    if state != "UNTRIAGED":
+        return
+    set_connector_ticket_priority(conn, commander, client_command_id=f"demo:priority:{ticket_id}", ticket_id=ticket_id,
+                                  expected_version=version, priority="P1", reason="demo: first reported defect")
+    triage_connector_ticket(conn, commander, client_command_id=f"demo:accept:{ticket_id}", ticket_id=ticket_id,
+                            expected_version=version + 1, disposition="ACCEPTED", reason="demo: confirmed")
 
 
 def _run_jobs(instance: DagsterInstance, dsn: str, registration_id: str) -> dict:
@@ -115,6 +138,7 @@ def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path
         with connect(dsn) as conn:
             after_intake = _counts(conn, rid)
             ticket = list_tickets(conn, registration_id=rid, limit=1)[0]
+            _accept_as_demo_commander(conn, ticket.ticket_id, f"{registration.tenant}/{registration.project}")
             proof = record_proof(conn, ticket.ticket_id, evidence="fixed in release 2026.12 (demo)",
                                  recorded_by=operator(), client_request_id="demo:first-ticket")
         _run_jobs(instance, dsn, rid)  # the drain posts the marked comment and closes the issue
@@ -143,6 +167,9 @@ def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path
     unchanged = after_replay == after_close
     echo(f"  replay     poll + route + drain again: {replay['poll']['admitted']} new versions, "
          f"{'nothing changed' if unchanged else 'CHANGED: ' + str(after_replay)}")
-    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain)")
+    echo(f"  triage     ticket {ticket.ticket_id} accepted by demo-commander at P1; the others wait UNTRIAGED "
+         "in Attention")
+    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain), the tickets on its "
+         "pages at http://127.0.0.1:3100 (sign in with a credential from `nexus-pipelines actors add`)")
     ok = unchanged and len(marked) == 1 and issue.state == "closed" and after_close["close receipts"] >= 1
     return 0 if ok else 1
