@@ -14,7 +14,6 @@ from psycopg import Connection
 from nexus_pipelines.actors.store import Membership
 
 LANES = ("open", "done", "cancelled")
-TRIAGE_STATES = ("UNTRIAGED", "ACCEPTED", "DUPLICATE", "REJECTED")
 LANE_LIMIT = 200
 
 _IN_SCOPE = "(t.tenant, t.project) IN (SELECT * FROM unnest(%(tenants)s::text[], %(projects)s::text[]))"

@@ -10,6 +10,7 @@ import uuid
 import click
 
 from nexus_pipelines.cli_common import UserError, control_connection, operator
+from nexus_pipelines.tickets.commands import DISPOSITIONS, PRIORITIES, TRIAGE_STATES
 
 
 @click.group("tickets")
@@ -20,7 +21,7 @@ def tickets() -> None:
 @tickets.command("list")
 @click.option("--registration", default=None, help="Only this registration (tenant/key).")
 @click.option("--status", type=click.Choice(["open", "done", "cancelled"]), default=None)
-@click.option("--triage", type=click.Choice(["UNTRIAGED", "ACCEPTED", "DUPLICATE", "REJECTED"]), default=None)
+@click.option("--triage", type=click.Choice(TRIAGE_STATES), default=None)
 @click.option("--after", default=0, type=int, help="Page after this ticket id.")
 @click.option("--limit", default=50, type=click.IntRange(1, 1000))
 @click.option("--json", "as_json", is_flag=True)
@@ -131,7 +132,7 @@ _VERSION = click.option("--expected-version", type=click.IntRange(1), required=T
 
 @tickets.command("triage")
 @click.argument("ticket_id", type=int)
-@click.option("--disposition", type=click.Choice(["accepted", "duplicate", "rejected"], case_sensitive=False),
+@click.option("--disposition", type=click.Choice([d.lower() for d in DISPOSITIONS], case_sensitive=False),
               required=True)
 @click.option("--canonical", "canonical_ticket_id", type=int, default=None,
               help="For a duplicate: the same-project ticket that carries the work.")
@@ -149,7 +150,7 @@ def triage_cmd(ticket_id, disposition, canonical_ticket_id, reason, expected_ver
 
 @tickets.command("priority")
 @click.argument("ticket_id", type=int)
-@click.option("--priority", type=click.Choice(["P0", "P1", "P2", "P3", "P4"], case_sensitive=False), required=True)
+@click.option("--priority", type=click.Choice(PRIORITIES, case_sensitive=False), required=True)
 @click.option("--reason", required=True)
 @_VERSION
 @_COMMAND_ID

@@ -30,6 +30,7 @@ from nexus_pipelines.redaction import one_line
 from nexus_pipelines.tickets.authority import PRIORITY, TRIAGE, CommandRefused, authorize
 
 DISPOSITIONS = ("ACCEPTED", "DUPLICATE", "REJECTED")
+TRIAGE_STATES = ("UNTRIAGED", *DISPOSITIONS)
 PRIORITIES = ("P0", "P1", "P2", "P3", "P4")
 REASON_MAX_CHARS = 500
 COMMAND_ID_MAX_CHARS = 200

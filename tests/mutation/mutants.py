@@ -1,5 +1,6 @@
 """The seed's mutation requirement: remove, one at a time, exact dedup, the proof-eligibility
-check, marker reconciliation and fencing, and show that the suite fails for each.
+check, the triage authority and expected-version checks, marker reconciliation and
+fencing, and show that the suite fails for each.
 
 Each mutant is a copy of the project with one guard replaced; the connector suites then
 run against the copy (`python -m pytest` with the copy as working directory, so the
@@ -33,9 +34,14 @@ class Mutant:
 MUTANTS = (
     Mutant("custody dedup", "nexus_pipelines/tickets/intake.py", "    if row is None:\n", "    if True:\n"),
     Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
-           " ORDER BY d.ord\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n", " ORDER BY d.ord\n"),
+           " ORDER BY d.ordinality\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n",
+           " ORDER BY d.ordinality\n"),
     Mutant("proof eligibility", "nexus_pipelines/tickets/proofs.py",
            'if triage != "ACCEPTED" or status == "cancelled":', "if False:"),
+    Mutant("triage and priority authority", "nexus_pipelines/tickets/authority.py",
+           "    if role not in MAY[action]:", "    if False:"),
+    Mutant("expected-version check", "nexus_pipelines/tickets/commands.py",
+           "            if ticket.version != expected_version:", "            if False:"),
     Mutant("marker reconciliation after an ambiguous write", "nexus_pipelines/connectors/gitlab/adapter.py",
            "        if not problem.maybe_written:\n            return None, _close_failure(problem)",
            "        if True:\n            return None, _close_failure(problem)"),

@@ -23,6 +23,20 @@ def member(conn: Connection, project_id: str, role: str | None, name: str | None
     return authenticate(conn, credential), credential
 
 
+def ingest(plant, project: str, issues: int, *, key: str | None = None):
+    """Register a project's connector on the plant's world, add issues and run intake as the code location
+    does; returns the registration and its ticket ids in creation order."""
+    registration = plant.world.registration(key=key or f"tri-{uuid.uuid4().hex[:8]}", project=project)
+    plant.activate(registration)
+    plant.world.add_issues(issues)
+    plant.sync([registration])
+    with plant.pool.connection() as conn:
+        ids = [r[0] for r in conn.execute(
+            "SELECT ticket_id FROM ticket_custody_links WHERE tenant = %s AND registration_key = %s"
+            " ORDER BY ticket_id", (registration.tenant, registration.key))]
+    return registration, ids
+
+
 def version(conn: Connection, ticket_id: int) -> int:
     return conn.execute("SELECT version FROM tickets WHERE ticket_id = %s", (ticket_id,)).fetchone()[0]
 

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from nexus_pipelines.cli import main
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
 from tests.connectors.support import Plant
+from tests.tickets.support import ingest
 
 
 def cli(env, *args, input=None):
@@ -18,14 +19,7 @@ def cli(env, *args, input=None):
 
 
 def test_actors_add_grant_and_decide_through_the_cli(pool, control_dsn):
-    plant = Plant(GitLabWorld(project_id=PROJECT_ID + 4000), pool)
-    registration = plant.world.registration(key="cli-triage", project="cli-triage")
-    plant.activate(registration)
-    plant.world.add_issues(2)
-    plant.sync([registration])
-    with pool.connection() as conn:
-        first, second = [r[0] for r in conn.execute(
-            "SELECT ticket_id FROM ticket_custody_links WHERE registration_key = 'cli-triage' ORDER BY ticket_id")]
+    _, (first, second) = ingest(Plant(GitLabWorld(project_id=PROJECT_ID + 4000), pool), "cli-triage", 2)
     env = {"NEXUS_PG_DSN": control_dsn}
     added = cli(env, "actors", "add", "ada", "--name", "Ada L", "--project", "acme/cli-triage", "--role", "commander")
     assert added.exit_code == 0, added.output

@@ -13,7 +13,7 @@ from nexus_pipelines.connectors.jobs import tickets_observe_job
 from nexus_pipelines.control.resources import ControlPlaneResource
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
 from tests.connectors.support import Plant
-from tests.tickets.support import member, set_priority, triage
+from tests.tickets.support import ingest, member, set_priority, triage
 
 
 def _check_results(control_dsn, rid, max_age_hours):
@@ -36,11 +36,7 @@ def _observed_untriaged(control_dsn, rid) -> int:
 
 
 def test_the_triage_check_warns_while_a_finding_is_older_than_the_age_and_the_count_is_observed(pool, control_dsn):
-    plant = Plant(GitLabWorld(project_id=PROJECT_ID + 3000), pool)
-    registration = plant.world.registration(key="dagster-triage", project="dagster-triage")
-    plant.activate(registration)
-    plant.world.add_issues(2)
-    plant.sync([registration])
+    registration, ids = ingest(Plant(GitLabWorld(project_id=PROJECT_ID + 3000), pool), "dagster-triage", 2)
     rid = registration.registration_id
     (fresh,) = _check_results(control_dsn, rid, max_age_hours=1)
     assert fresh.passed and fresh.metadata["unresolved_findings"].value == 2
@@ -52,8 +48,7 @@ def test_the_triage_check_warns_while_a_finding_is_older_than_the_age_and_the_co
     assert late.metadata["oldest_waiting_s"].value >= 2 and "2 tickets wait for triage" in late.description
     with pool.connection() as conn:
         commander, _ = member(conn, "acme/dagster-triage", "commander")
-        for (ticket_id,) in conn.execute("SELECT ticket_id FROM ticket_custody_links WHERE registration_key = %s",
-                                         (registration.key,)).fetchall():
+        for ticket_id in ids:
             set_priority(conn, commander, ticket_id)
             triage(conn, commander, ticket_id)
     (cleared,) = _check_results(control_dsn, rid, max_age_hours=1 / 3600)

@@ -22,7 +22,7 @@ from nexus_pipelines.tickets.queries import ticket_detail
 from nexus_pipelines.actors.store import memberships, revoke
 from nexus_pipelines.workqueue.dlq import replay
 from tests.connectors.support import Plant, counts
-from tests.tickets.support import member, set_priority, triage, version
+from tests.tickets.support import ingest, member, set_priority, triage, version
 
 
 @pytest.fixture
@@ -31,16 +31,7 @@ def plant(make_world, pool):
 
 
 def _ingest(plant: Plant, project: str, issues: int = 2):
-    key = f"tri-{uuid.uuid4().hex[:8]}"
-    registration = plant.world.registration(key=key, project=project)
-    plant.activate(registration)
-    plant.world.add_issues(issues)
-    plant.sync([registration])
-    with plant.pool.connection() as conn:
-        ids = [r[0] for r in conn.execute(
-            "SELECT ticket_id FROM ticket_custody_links WHERE registration_key = %s ORDER BY ticket_id",
-            (key,)).fetchall()]
-    return registration, ids
+    return ingest(plant, project, issues)
 
 
 def _ref(conn, ticket_id):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
 from tests.connectors.support import Plant
-from tests.tickets.support import member
+from tests.tickets.support import ingest, member
 
 _worlds = itertools.count(PROJECT_ID + 2000)
 
@@ -25,17 +25,9 @@ class Seeded:
 
 def seed(pool, issues: int = 3) -> Seeded:
     project, other = f"web-{uuid.uuid4().hex[:6]}", f"web-{uuid.uuid4().hex[:6]}"
-    plant = Plant(GitLabWorld(project_id=next(_worlds)), pool)
-    for name, count in ((project, issues), (other, 1)):
-        registration = plant.world.registration(key=f"reg-{name}", project=name)
-        plant.activate(registration)
-        if name == project:
-            plant.world.add_issues(count)
-        plant.sync([registration])
+    _, ids = ingest(Plant(GitLabWorld(project_id=next(_worlds)), pool), project, issues)
+    ingest(Plant(GitLabWorld(project_id=next(_worlds)), pool), other, 1)
     with pool.connection() as conn:
-        ids = [r[0] for r in conn.execute(
-            "SELECT ticket_id FROM ticket_custody_links WHERE registration_key = %s ORDER BY ticket_id",
-            (f"reg-{project}",))]
         _, commander = member(conn, f"acme/{project}", "commander", name=f"cmd-{project}")
         _, operator = member(conn, f"acme/{project}", "operator", name=f"op-{project}")
         _, outsider = member(conn, f"acme/{other}", "commander", name=f"out-{other}")

@@ -126,6 +126,7 @@ def test_signing_out_ends_the_session_and_a_replayed_cookie_is_refused(pool, see
     browser = signed_in(pool, seeded.operator)
     cookie = browser.cookies.get("np_session")
     csrf = hidden(browser.get(f"/tickets/{seeded.ticket_ids[2]}").text, "priority-form")["csrf"]
+    assert browser.post("/signout", data={"csrf": "forged"}).status_code == 403  # a forged sign-out is refused
     assert browser.post("/signout", data={"csrf": csrf}).headers["location"] == "/signin"
     replay = client(pool)
     replay.cookies.set("np_session", cookie)

@@ -31,6 +31,7 @@ from nexus_pipelines.tickets.authority import PRIORITY, TRIAGE, CommandRefused, 
 from nexus_pipelines.tickets.commands import (
     DISPOSITIONS,
     PRIORITIES,
+    TRIAGE_STATES,
     VersionConflict,
     set_connector_ticket_priority,
     triage_connector_ticket,
@@ -121,7 +122,9 @@ class _Pages:
 
     async def signout(self, request: Request) -> Response:
         found, form = await self.session(request), await self.form(request)
-        if found and form is not None and sessions.csrf_ok(found[0], form.get("csrf")):
+        if found:
+            if form is None or not sessions.csrf_ok(found[0], form.get("csrf")):
+                return _forged_form()
             await self.db(sessions.end, found[0])
         response = RedirectResponse("/signin", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
@@ -134,14 +137,14 @@ class _Pages:
         if not found:
             return RedirectResponse("/signin", status_code=303)
         triage = request.query_params.get("triage")
-        triage = triage if triage in board.TRIAGE_STATES else None
+        triage = triage if triage in TRIAGE_STATES else None
 
         def read(conn):
             frame = self._frame(conn, found[1])
             return {**frame, "lanes": board.board_lanes(conn, frame["scope"], triage=triage)}
 
         return self.html("board", page="board", csrf=sessions.csrf_token(found[0]), triage=triage,
-                         triage_states=board.TRIAGE_STATES, **await self.db(read))
+                         triage_states=TRIAGE_STATES, **await self.db(read))
 
     async def attention_page(self, request: Request) -> Response:
         found = await self.session(request)
@@ -189,8 +192,7 @@ class _Pages:
             return PlainTextResponse("sign in first", status_code=401, headers=HEADERS)
         form = await self.form(request)
         if form is None or not sessions.csrf_ok(found[0], form.get("csrf")):
-            return PlainTextResponse("refused: the form expired or came from elsewhere; reload the page",
-                                     status_code=403, headers=HEADERS)
+            return _forged_form()
         ticket_id, action = request.path_params["ticket_id"], request.path_params["action"]
         if action not in _COMMANDS:
             return PlainTextResponse("no such command", status_code=404, headers=HEADERS)
@@ -204,6 +206,11 @@ class _Pages:
             return await self.detail_page(request, error=str(exc), status=422)
         done = "replayed" if result.replayed else action
         return RedirectResponse(f"/tickets/{ticket_id}?done={done}", status_code=303)
+
+
+def _forged_form() -> Response:
+    return PlainTextResponse("refused: the form expired or came from elsewhere; reload the page", status_code=403,
+                             headers=HEADERS)
 
 
 def _number(value: str | None, name: str) -> int:
