@@ -4,6 +4,7 @@ posts, and the same counts and states after a restart."""
 
 from __future__ import annotations
 
+import os
 import re
 
 import pytest
@@ -150,3 +151,37 @@ def test_board_detail_and_attention_show_the_same_after_a_restart(pool, seeded, 
     finally:
         restarted_pool.close()
     assert after == before and before[0] == before[1] == str(len(before[4]))
+
+
+def test_tickets_serve_serves_the_pages_over_http(control_dsn, free_tcp_port):
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    server = subprocess.Popen([sys.executable, "-m", "nexus_pipelines.cli", "tickets", "serve", "--port",
+                               str(free_tcp_port)], env={**os.environ, "NEXUS_PG_DSN": control_dsn},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline, answer = time.monotonic() + 30, None
+        while answer is None and time.monotonic() < deadline and server.poll() is None:
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{free_tcp_port}/board", follow_redirects=True, timeout=2)
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert answer is not None, server.stdout.read() if server.poll() is not None else "no answer in 30 s"
+        assert answer.status_code == 200 and answer.url.path == "/signin" and 'name="credential"' in answer.text
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_tickets_serve_refuses_an_unreachable_control_plane_in_one_line():
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    result = CliRunner().invoke(main, ["tickets", "serve"], env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1 dbname=x"})
+    assert result.exit_code == 1 and "cannot reach the control plane" in result.output
+    assert len(result.output.strip().splitlines()) == 1
