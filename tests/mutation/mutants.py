@@ -72,7 +72,10 @@ def run_mutant(mutant: Mutant) -> dict:
         if text.count(mutant.old) != 1:
             return {"mutant": mutant.name, "killed": False, "why": "the guard to remove was not found exactly once"}
         source.write_text(text.replace(mutant.old, mutant.new))
-        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TARGETS],
+        # A basetemp of its own: a default one makes pytest chmod /tmp/pytest-of-<user> back to 0700, which
+        # locks the running suite's embedded Postgres (another user) out of its data folder.
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                 f"--basetemp={copy / '.pytest-tmp'}", *TARGETS],
                                 cwd=copy, capture_output=True, text=True, timeout=600)
         tail = result.stdout.strip().splitlines()[-1:] or [""]
         # exit code 1 is "tests failed"; 2-5 are errors that prove nothing about the guard
