@@ -22,9 +22,13 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/nexus-pipelines demo
 
+# The Dagster UI on :3000 and the ticket pages (Board, Ticket Detail, Attention) on :3100;
+# the pages stop with the UI.
+PAGES_PORT ?= 3100
 dev: $(STAMP)
 	$(BIN)/nexus-pipelines local up
-	. .nexus_local/env && $(BIN)/dagster dev -w workspace.yaml
+	. .nexus_local/env && { $(BIN)/nexus-pipelines tickets serve --port $(PAGES_PORT) & pages=$$!; \
+		trap 'kill $$pages 2>/dev/null' EXIT INT TERM; $(BIN)/dagster dev -w workspace.yaml; }
 
 up: $(STAMP)
 	$(BIN)/nexus-pipelines local up

@@ -75,6 +75,7 @@ def demo() -> None:
     sys.exit(run_demo(click.echo))
 
 
+from nexus_pipelines.actors.cli import actors as _actors  # noqa: E402
 from nexus_pipelines.connectors.cli import connectors as _connectors  # noqa: E402
 from nexus_pipelines.tickets.cli import tickets as _tickets  # noqa: E402
 from nexus_pipelines.workqueue.cli import queue as _queue  # noqa: E402
@@ -82,6 +83,7 @@ from nexus_pipelines.workqueue.cli import queue as _queue  # noqa: E402
 main.add_command(_queue)
 main.add_command(_connectors)
 main.add_command(_tickets)
+main.add_command(_actors)
 from nexus_pipelines.writeback.cli import run_job as _run_job  # noqa: E402
 
 main.add_command(_run_job)

@@ -34,6 +34,10 @@ class NexusSettings(BaseSettings):
         description="The folder of connector registration files the code location loads (the local stack "
         "points it at configs/connectors/local).",
     )
+    triage_max_age_hours: float = Field(
+        default=24.0, gt=0,
+        description="The tickets' triage check warns while an unresolved triage finding is older than this.",
+    )
     bq_emulator_url: str | None = Field(
         default=None,
         description="BigQuery emulator endpoint; unset means real BigQuery with Application Default Credentials.",

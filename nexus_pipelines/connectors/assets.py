@@ -1,14 +1,29 @@
 """Per registration, a `connectors/<tenant>/<key>/tickets` asset whose observations show
-its ticket counts (total, untriaged, open, closed at the source) in the UI."""
+its ticket counts (total, untriaged, open, closed at the source) in the UI, and its
+`triage_waits_less_than_max_age` check: it warns while any of the registration's
+unresolved Attention findings is older than the configured age, so Dagster alerting can
+tell someone (nothing expires or dismisses a finding)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-from dagster import AssetKey, AssetObservation, AssetSpec, MetadataValue
+from dagster import (
+    AssetCheckResult,
+    AssetCheckSeverity,
+    AssetCheckSpec,
+    AssetKey,
+    AssetObservation,
+    AssetSpec,
+    MetadataValue,
+    multi_asset_check,
+)
 
-from nexus_pipelines.tickets.queries import TicketCounts
+from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.tickets.queries import TicketCounts, waiting_findings_by_registration
+
+TRIAGE_AGE_CHECK = "triage_waits_less_than_max_age"
 
 
 def tickets_asset_key(registration_id: str) -> AssetKey:
@@ -41,3 +56,31 @@ def tickets_observation(registration_id: str, counts: TicketCounts | None, **ext
     for name, value in extra.items():
         metadata[name] = MetadataValue.int(value) if isinstance(value, int) else MetadataValue.text(str(value))
     return AssetObservation(asset_key=tickets_asset_key(registration_id), metadata=metadata)
+
+
+def triage_age_check(registration_ids: Iterable[str], max_age_hours: float):
+    """One multi-check over every registration's tickets asset (None when there is none)."""
+    ids = sorted(registration_ids)
+    if not ids:
+        return None
+    limit_s = int(max_age_hours * 3600)
+    specs = [AssetCheckSpec(TRIAGE_AGE_CHECK, asset=tickets_asset_key(rid),
+                            description=f"No connector ticket waits for triage longer than {max_age_hours:g} h "
+                                        "(NEXUS_TRIAGE_MAX_AGE_HOURS).") for rid in ids]
+
+    @multi_asset_check(specs=specs, name="tickets_triage_age", description="Warn while triage waits too long.")
+    def check(control_plane: ControlPlaneResource):
+        with control_plane.connection() as conn:
+            waiting = waiting_findings_by_registration(conn)
+        for rid in ids:
+            found = waiting.get(rid)
+            oldest = found.oldest_age_s if found else 0
+            yield AssetCheckResult(
+                asset_key=tickets_asset_key(rid), check_name=TRIAGE_AGE_CHECK, passed=oldest <= limit_s,
+                severity=AssetCheckSeverity.WARN,
+                metadata={"unresolved_findings": MetadataValue.int(found.unresolved if found else 0),
+                          "oldest_waiting_s": MetadataValue.int(oldest), "max_age_s": MetadataValue.int(limit_s)},
+                description=(f"{found.unresolved} tickets wait for triage, the oldest for {oldest // 3600} h"
+                             if found else "no ticket waits for triage"))
+
+    return check

@@ -9,7 +9,9 @@ each against its simulator on loopback, through the code location's own Dagster 
 2. activate the `demo-gitlab` and `demo-github` registrations (configs/connectors/local);
 3. per registration, run the poll, receipt-router and drain jobs: issues in, tickets out
    (UNTRIAGED, P2);
-4. record one accepted success proof and drain: one marked comment, the issue closed;
+4. the demo commander sets the first ticket's priority and accepts it (through the same
+   commands as the pages), then one accepted success proof is recorded and drained: one
+   marked comment, the issue closed;
 5. poll once more (the close-back changed the issue: one observation), then run
    everything again: nothing new is written (custody, digests and the receipt).
 """
@@ -109,6 +111,48 @@ def _counts(conn, registration_id: str) -> dict[str, int]:
     }
 
 
+def _accept_as_demo_commander(conn, ticket_id: int, project_id: str) -> None:
+    """Only an ACCEPTED ticket takes a proof: the demo's commander decides as a person would."""
+    from nexus_pipelines.actors.store import ActorError, add_actor, authenticate, grant, reissue
+    from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
+
+    try:
+        credential = add_actor(conn, "demo-commander", display_name="Demo Commander", created_by="demo")
+    except ActorError:  # an earlier demo added it: a fresh credential, never printed
+        credential = reissue(conn, "demo-commander", issued_by="demo")
+    grant(conn, "demo-commander", project_id, "commander", granted_by="demo")
+    commander = authenticate(conn, credential)
+    state, version = conn.execute("SELECT triage_state, version FROM tickets WHERE ticket_id = %s",
+                                  (ticket_id,)).fetchone()
+    if state != "UNTRIAGED":
+        return
+    set_connector_ticket_priority(conn, commander, client_command_id=f"demo:priority:{ticket_id}", ticket_id=ticket_id,
+                                  expected_version=version, priority="P1", reason="demo: first reported defect")
+    triage_connector_ticket(conn, commander, client_command_id=f"demo:accept:{ticket_id}", ticket_id=ticket_id,
+                            expected_version=version + 1, disposition="ACCEPTED", reason="demo: confirmed")
+
+
+def _accept_as_demo_commander(conn, ticket_id: int, project_id: str) -> None:
+    """Only an ACCEPTED ticket takes a proof: the demo's commander decides as a person would."""
+    from nexus_pipelines.actors.store import ActorError, add_actor, authenticate, grant, reissue
+    from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
+
+    try:
+        credential = add_actor(conn, "demo-commander", display_name="Demo Commander", created_by="demo")
+    except ActorError:  # an earlier demo added it: a fresh credential, never printed
+        credential = reissue(conn, "demo-commander", issued_by="demo")
+    grant(conn, "demo-commander", project_id, "commander", granted_by="demo")
+    commander = authenticate(conn, credential)
+    state, version = conn.execute("SELECT triage_state, version FROM tickets WHERE ticket_id = %s",
+                                  (ticket_id,)).fetchone()
+    if state != "UNTRIAGED":
+        return
+    set_connector_ticket_priority(conn, commander, client_command_id=f"demo:priority:{ticket_id}", ticket_id=ticket_id,
+                                  expected_version=version, priority="P1", reason="demo: first reported defect")
+    triage_connector_ticket(conn, commander, client_command_id=f"demo:accept:{ticket_id}", ticket_id=ticket_id,
+                            expected_version=version + 1, disposition="ACCEPTED", reason="demo: confirmed")
+
+
 def _run_jobs(instance: DagsterInstance, dsn: str, registration_id: str) -> dict:
     from nexus_pipelines import bindings
     from nexus_pipelines.connectors.core import store
@@ -185,6 +229,7 @@ def _run_registration(echo: Callable[[str], None], tracker: DemoTracker, registr
     with connect(dsn) as conn:
         after_intake = _counts(conn, rid)
         ticket = list_tickets(conn, registration_id=rid, limit=1)[0]
+        _accept_as_demo_commander(conn, ticket.ticket_id, f"{registration.tenant}/{registration.project}")
         proof = record_proof(conn, ticket.ticket_id, evidence="fixed in release 2026.12 (demo)",
                              recorded_by=operator(), client_request_id="demo:first-ticket")
     _run_jobs(instance, dsn, rid)  # the drain posts the marked comment and closes the issue

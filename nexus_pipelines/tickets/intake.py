@@ -2,8 +2,9 @@
 observations (CX-06, CX-07, CX-11).
 
 The first observation of an external reference creates exactly one ticket, its custody
-link, the automatic P2 priority fact, the UNTRIAGED triage fact and the observation,
-in one transaction. An unchanged replay writes nothing (the observation is unique by
+link, the automatic P2 priority fact, the UNTRIAGED triage fact, the unresolved
+commander-owned `connector_triage_required` Attention finding and the observation, in
+one transaction (CX-13). An unchanged replay writes nothing (the observation is unique by
 source digest); a new digest appends one observation and makes one deterministic
 ticket update, unless it is older than a version already observed (then only the
 observation is kept). Provider content is external and untrusted: it can change
@@ -97,6 +98,9 @@ WITH ticket AS (
 ), triage AS (
     INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
     SELECT ticket_id, 'UNTRIAGED', %(actor)s, 'created by connector intake' FROM ticket
+), finding AS (
+    INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
+    SELECT 'connector_triage_required', 'commander', %(tenant)s, %(project)s, ticket_id, %(actor)s FROM ticket
 ), observation AS (
     INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
                                      work_token)
@@ -108,7 +112,8 @@ SELECT ticket_id FROM ticket
 
 def _create(conn: Connection, key: CustodyKey, project: str, issue: ExternalIssue, digest: str, labels: list[str],
             work_id: int, work_token: int) -> int:
-    """The ticket, its custody link, the P2 and UNTRIAGED facts and the observation, in one statement."""
+    """The ticket, its custody link, the P2 and UNTRIAGED facts, the triage finding and the observation,
+    in one statement."""
     (ticket_id,) = conn.execute(_CREATE, {
         "tenant": key.tenant, "key": key.registration_key, "ref": key.external_ref, "project": project,
         "title": issue.title, "description": issue.description, "labels": labels, "priority": DEFAULT_PRIORITY,

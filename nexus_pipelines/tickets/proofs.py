@@ -1,7 +1,8 @@
 """Accepted Project success proofs, and the one close command each creates (CX-10, CX-11).
 
-Only an operator's accepted proof for a connector ticket creates a close command:
-source state, labels, comments or ticket text never do. Recording the proof, its
+Only an accepted proof for a connector ticket its project commander ACCEPTED creates a
+close command: source state, labels, comments, ticket text, and duplicate or rejected
+dispositions never do (CX-13). Recording the proof, its
 deterministic close command and that command's `issue.close` work item is one
 transaction; the same client request id replays the same result, and a ticket takes
 one accepted proof.
@@ -50,9 +51,9 @@ def _eligibility(conn: Connection, ticket_id: int) -> tuple:
     status, triage, tenant, key, external_ref = row
     if external_ref is None:
         raise ProofRefused(f"ticket {ticket_id} has no connector source to close")
-    if status == "cancelled" or triage in ("DUPLICATE", "REJECTED"):
-        raise ProofRefused(f"ticket {ticket_id} is {triage.lower() if status != 'cancelled' else 'cancelled'}; "
-                           "a cancelled, duplicate or rejected ticket takes no success proof")
+    if triage != "ACCEPTED" or status == "cancelled":
+        raise ProofRefused(f"ticket {ticket_id} is {'cancelled' if status == 'cancelled' else triage}; only a "
+                           "ticket its project commander ACCEPTED takes a success proof")
     return status, tenant, key, external_ref
 
 

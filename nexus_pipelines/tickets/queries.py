@@ -1,4 +1,4 @@
-"""Read models of tickets for the CLI, the Dagster observations and (later) the pages."""
+"""Read models of tickets for the CLI, the Dagster observations and Ticket Detail."""
 
 from __future__ import annotations
 
@@ -45,6 +45,24 @@ def linked_refs(conn: Connection, refs: list[tuple[str, str]]) -> set[tuple[str,
 
 
 @dataclass(frozen=True)
+class WaitingFindings:
+    unresolved: int
+    oldest_age_s: int  # of the oldest unresolved finding, by the database clock
+
+
+def waiting_findings_by_registration(conn: Connection) -> dict[str, WaitingFindings]:
+    """Unresolved Attention findings of each registration's tickets (registrations with none are absent)."""
+    rows = conn.execute(
+        """SELECT l.tenant || '/' || l.registration_key, count(*),
+                  extract(epoch FROM clock_timestamp() - min(f.opened_at))::bigint
+             FROM attention_findings f JOIN ticket_custody_links l USING (ticket_id)
+            WHERE NOT EXISTS (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)
+            GROUP BY 1"""
+    ).fetchall()
+    return {row[0]: WaitingFindings(row[1], row[2]) for row in rows}
+
+
+@dataclass(frozen=True)
 class TicketRow:
     ticket_id: int
     registration_id: str
@@ -76,24 +94,38 @@ def list_tickets(conn: Connection, *, registration_id: str | None = None, status
 
 
 def ticket_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
+    """One ticket with its custody, age, Attention finding, relations, attributed facts (and
+    `trail`, the priority and triage facts in time order), proofs and close commands."""
     with conn.cursor(row_factory=dict_row) as cur:
         ticket = cur.execute(
             """SELECT t.*, l.tenant || '/' || l.registration_key AS registration_id, l.external_ref, l.display_url,
-                      l.connector_kind
+                      l.connector_kind, extract(epoch FROM clock_timestamp() - t.created_at)::bigint AS age_s
                  FROM tickets t LEFT JOIN ticket_custody_links l USING (ticket_id) WHERE t.ticket_id = %s""",
             (ticket_id,),
         ).fetchone()
         if ticket is None:
             return None
+        ticket["finding"] = cur.execute(
+            """SELECT f.finding_id, f.kind, f.owner_role, f.opened_at,
+                      extract(epoch FROM clock_timestamp() - f.opened_at)::bigint AS age_s, r.disposition, r.resolved_at
+                 FROM attention_findings f LEFT JOIN attention_resolutions r USING (finding_id)
+                WHERE f.ticket_id = %s""", (ticket_id,)).fetchone()
+        ticket["relations"] = cur.execute(
+            """SELECT relation, related_ticket_id AS ticket_id, 'outgoing' AS direction FROM ticket_relations
+                WHERE ticket_id = %(id)s
+               UNION ALL
+               SELECT relation, ticket_id, 'incoming' FROM ticket_relations WHERE related_ticket_id = %(id)s
+               ORDER BY 3, 2""", {"id": ticket_id}).fetchall()
         ticket["observations"] = cur.execute(
             """SELECT observation_id, source_updated_at, source_digest, observed_at FROM ticket_observations
                 WHERE ticket_id = %s ORDER BY observation_id""", (ticket_id,)).fetchall()
         ticket["priority_facts"] = cur.execute(
-            "SELECT priority, prior_priority, actor, reason, recorded_at FROM ticket_priority_facts"
-            " WHERE ticket_id = %s ORDER BY fact_id", (ticket_id,)).fetchall()
+            "SELECT 'priority' AS kind, priority AS value, prior_priority AS prior, actor, actor_role, reason,"
+            " recorded_at, fact_id FROM ticket_priority_facts WHERE ticket_id = %s ORDER BY fact_id",
+            (ticket_id,)).fetchall()
         ticket["triage_facts"] = cur.execute(
-            "SELECT triage_state, actor, reason, recorded_at FROM ticket_triage_facts WHERE ticket_id = %s"
-            " ORDER BY fact_id", (ticket_id,)).fetchall()
+            "SELECT 'triage' AS kind, triage_state AS value, NULL AS prior, actor, actor_role, reason, recorded_at, fact_id"
+            " FROM ticket_triage_facts WHERE ticket_id = %s ORDER BY fact_id", (ticket_id,)).fetchall()
         ticket["proofs"] = cur.execute(
             "SELECT proof_id, evidence, recorded_by, recorded_at FROM ticket_proofs WHERE ticket_id = %s"
             " ORDER BY proof_id", (ticket_id,)).fetchall()
@@ -102,4 +134,6 @@ def ticket_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
                       r.recorded_at AS receipt_at
                  FROM ticket_close_commands c LEFT JOIN ticket_close_receipts r USING (command_id)
                 WHERE c.ticket_id = %s ORDER BY c.created_at""", (ticket_id,)).fetchall()
+    ticket["trail"] = sorted(ticket["priority_facts"] + ticket["triage_facts"],
+                             key=lambda f: (f["recorded_at"], f["kind"] == "triage"))
     return ticket

@@ -23,6 +23,7 @@ from nexus_pipelines.workqueue.handlers import HandlerRegistry
 from nexus_pipelines.workqueue.receipts import route_receipts
 from nexus_pipelines.workqueue.retry import RetryPolicy
 from nexus_pipelines.workqueue.worker import DrainReport, drain
+from tests.tickets.support import accept
 
 NO_WAIT = RetryPolicy(base_s=0, cap_s=0, jitter=0)
 
@@ -82,7 +83,13 @@ class Plant:
         return report
 
     def prove(self, ticket_id: int, request_id: str = "proof-1", evidence: str = "shipped in release 42"):
+        """Record a success proof; an open, untriaged connector ticket is first accepted by its project's
+        commander, as only an ACCEPTED ticket takes one (phase 3)."""
         with self.pool.connection() as conn:
+            if conn.execute("""SELECT 1 FROM tickets t JOIN ticket_custody_links USING (ticket_id)
+                                WHERE ticket_id = %s AND t.status = 'open' AND t.triage_state = 'UNTRIAGED'""",
+                            (ticket_id,)).fetchone():
+                accept(conn, ticket_id)
             return record_proof(conn, ticket_id, evidence=evidence, recorded_by="operator:test",
                                 client_request_id=request_id)
 

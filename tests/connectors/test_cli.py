@@ -35,6 +35,14 @@ def test_activate_poll_drain_list_show_and_prove(tmp_path, control_dsn):
         tickets = cli(env, "tickets", "list", "--registration", "acme/cli-served", "--json").output.splitlines()
         first = json.loads(tickets[0])
         assert len(tickets) == 3 and first["triage_state"] == "UNTRIAGED" and first["priority"] == "P2"
+        added = cli(env, "actors", "add", "cli-commander", "--name", "Commander", "--project", "acme/served",
+                    "--role", "commander")
+        decider = {**env, "NEXUS_ACTOR_CREDENTIAL": added.output.split("\n")[2].strip()}
+        ticket = str(first["ticket_id"])
+        assert cli(decider, "tickets", "priority", ticket, "--priority", "P1", "--reason", "release blocker",
+                   "--expected-version", "1").exit_code == 0
+        assert cli(decider, "tickets", "triage", ticket, "--disposition", "accepted", "--reason", "confirmed",
+                   "--expected-version", "2").exit_code == 0
         proved = cli(env, "tickets", "prove", str(first["ticket_id"]), "--evidence", "shipped", "--request-id", "r1")
         assert proved.exit_code == 0 and "close command close-" in proved.output
         again = cli(env, "tickets", "prove", str(first["ticket_id"]), "--evidence", "shipped", "--request-id", "r1")

@@ -18,6 +18,7 @@ from nexus_pipelines.tickets.jobs import record_proof_job
 from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
+from tests.tickets.support import accept
 
 TOKEN = "glpat-dagster-test-0123456789abcdef"
 
@@ -59,6 +60,7 @@ def test_poll_route_drain_and_prove_through_the_dagster_jobs(served, control_dsn
     assert drained.output_for_node("workqueue_drain_op")["completed"] == 3
     with pool.connection() as conn:
         ticket = list_tickets(conn, registration_id=rid)[0]
+        accept(conn, ticket.ticket_id)  # only an ACCEPTED ticket takes a proof
     proved = run(record_proof_job, control_dsn, instance, {"ops": {"record_proof_op": {"config": {
         "ticket_id": ticket.ticket_id, "evidence": "released", "recorded_by": "ops"}}}})
     assert proved.success

@@ -20,6 +20,7 @@ from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
 from tests.connectors.support import all_control_text
+from tests.tickets.support import accept
 
 
 def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, control_dsn, pool, caplog):
@@ -45,6 +46,7 @@ def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, contro
         runs.append(drain.execute_in_process(resources=resources, instance=instance))
         with pool.connection() as conn:
             ticket = list_tickets(conn, registration_id=rid)[0]
+            accept(conn, ticket.ticket_id)
             record_proof(conn, ticket.ticket_id, evidence=f"evidence quoting token={canary}", recorded_by="ops",
                          client_request_id="canary")
         served.state.faults.push("create_note", Fault(status=500, body={"message": canary}))

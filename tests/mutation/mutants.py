@@ -1,5 +1,6 @@
 """The seed's mutation requirement: remove, one at a time, exact dedup, the proof-eligibility
-check, marker reconciliation and fencing, and show that the suite fails for each.
+check, the triage authority and expected-version checks, marker reconciliation and
+fencing, and show that the suite fails for each.
 
 Each mutant is a copy of the project with one guard replaced; the connector suites then
 run against the copy (`python -m pytest` with the copy as working directory, so the
@@ -36,7 +37,11 @@ MUTANTS = (
            " ORDER BY d.ordinality\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n",
            " ORDER BY d.ordinality\n"),
     Mutant("proof eligibility", "nexus_pipelines/tickets/proofs.py",
-           'if status == "cancelled" or triage in ("DUPLICATE", "REJECTED"):', "if False:"),
+           'if triage != "ACCEPTED" or status == "cancelled":', "if False:"),
+    Mutant("triage and priority authority", "nexus_pipelines/tickets/authority.py",
+           "    if role not in MAY[action]:", "    if False:"),
+    Mutant("expected-version check", "nexus_pipelines/tickets/commands.py",
+           "            if ticket.version != expected_version:", "            if False:"),
     Mutant("marker reconciliation after an ambiguous write", "nexus_pipelines/connectors/gitlab/adapter.py",
            "        if not problem.maybe_written:\n            return None, close_failure(problem)",
            "        if True:\n            return None, close_failure(problem)"),
@@ -67,7 +72,10 @@ def run_mutant(mutant: Mutant) -> dict:
         if text.count(mutant.old) != 1:
             return {"mutant": mutant.name, "killed": False, "why": "the guard to remove was not found exactly once"}
         source.write_text(text.replace(mutant.old, mutant.new))
-        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TARGETS],
+        # A basetemp of its own: a default one makes pytest chmod /tmp/pytest-of-<user> back to 0700, which
+        # locks the running suite's embedded Postgres (another user) out of its data folder.
+        result = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                                 f"--basetemp={copy / '.pytest-tmp'}", *TARGETS],
                                 cwd=copy, capture_output=True, text=True, timeout=600)
         tail = (result.stdout.strip().splitlines()[-1:] or [""])[0]
         # a failed test kills the mutant; errors (setup, collection, a server that died) prove nothing

@@ -1,0 +1,41 @@
+"""Who may do what to connector tickets: the one rule (CX-13, CX-14).
+
+Only a project's commander triages its tickets; its commander or an operator of it sets
+their priority. The role is the principal's live membership of the ticket's project,
+read inside the command's transaction: never a role the caller names, a hidden field or
+what a page rendered. The pages ask `allowed_actions` only to decide which controls to
+show; the command asks `authorize` again when it runs.
+"""
+
+from __future__ import annotations
+
+from psycopg import Connection
+
+from nexus_pipelines.actors.store import Principal, role_in
+
+TRIAGE = "triage"
+PRIORITY = "priority"
+MAY = {TRIAGE: ("commander",), PRIORITY: ("commander", "operator")}
+
+
+class CommandRefused(RuntimeError):
+    """A ticket command that cannot be carried out; one line saying why and what to do."""
+
+
+class NotAuthorized(CommandRefused):
+    pass
+
+
+def authorize(conn: Connection, principal: Principal, action: str, tenant: str, project: str) -> str:
+    """The principal's role on the project if it may take `action` there."""
+    role = role_in(conn, principal, tenant, project)
+    if role not in MAY[action]:
+        held = f"is {role} of" if role else "has no role on"
+        raise NotAuthorized(f"{principal.actor_id} {held} project {tenant}/{project}; {action} needs "
+                            f"{' or '.join(MAY[action])}")
+    return role
+
+
+def allowed_actions(conn: Connection, principal: Principal, tenant: str, project: str) -> frozenset[str]:
+    role = role_in(conn, principal, tenant, project)
+    return frozenset(action for action, roles in MAY.items() if role in roles)
