@@ -93,11 +93,13 @@ WITH ticket AS (
                                       linked_by_work_id)
     SELECT %(tenant)s, %(key)s, %(ref)s, ticket_id, %(kind)s, %(url)s, %(work_id)s FROM ticket
 ), priority AS (
-    INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason)
-    SELECT ticket_id, %(priority)s, NULL, %(actor)s, 'automatic default at intake; not an actor decision' FROM ticket
+    INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason, recorded_at)
+    SELECT ticket_id, %(priority)s, NULL, %(actor)s, 'automatic default at intake; not an actor decision',
+           statement_timestamp() FROM ticket
 ), triage AS (
-    INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason)
-    SELECT ticket_id, 'UNTRIAGED', %(actor)s, 'created by connector intake' FROM ticket
+    -- one timestamp for both intake facts: the CTEs run in no defined order
+    INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason, recorded_at)
+    SELECT ticket_id, 'UNTRIAGED', %(actor)s, 'created by connector intake', statement_timestamp() FROM ticket
 ), finding AS (
     INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
     SELECT 'connector_triage_required', 'commander', %(tenant)s, %(project)s, ticket_id, %(actor)s FROM ticket
