@@ -15,7 +15,7 @@ from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app, serve_
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
-from .conftest import SIM_URL, context, make_config, new_state
+from .support import SIM_URL, context, make_config, new_state
 
 OBJ = MonthEndArrMapper.TARGET_OBJECT
 KEY = "001000000000001:2025-04"
@@ -85,8 +85,8 @@ def _child_run(pg_dsn, bq_url, sim_url, client_id, client_secret, source, job_na
     from nexus_pipelines.writeback.config import parse_config
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import Runner
-    from tests.writeback.conftest import CONFIG_DIR, config_dict
-    from tests.writeback.conftest import context as make_context
+    from tests.writeback.support import CONFIG_DIR, config_dict
+    from tests.writeback.support import context as make_context
 
     data = config_dict(source, batch_size=10)
     data["target"]["local_mode"] = True

@@ -9,7 +9,7 @@ import pytest
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import ConfigError, check_target_url, load_config, parse_config, render_sql
 
-from .conftest import CONFIG_DIR, config_dict
+from .support import CONFIG_DIR, config_dict
 
 
 def parse(data):
@@ -153,3 +153,11 @@ def test_render_sql_requires_every_placeholder():
     assert render_sql("SELECT * FROM `${ds}.t`", {"ds": "a"}) == "SELECT * FROM `a.t`"
     with pytest.raises(ConfigError, match="no value"):
         render_sql("SELECT * FROM `${other}.t`", {"ds": "a"})
+
+
+def test_a_project_id_with_a_dot_is_a_config_error():
+    for section in ("source", "state"):
+        data = config_dict("finance_marts")
+        data[section]["project"] = "my.project"
+        with pytest.raises(ConfigError, match=rf"{section}\.project: .*not a project id"):
+            parse_config(data, base_dir=CONFIG_DIR)

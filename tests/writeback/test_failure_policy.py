@@ -2,29 +2,13 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.local.simulators.nexuscrm import Fault, FieldSpec, NexusCrmState
 from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
-from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
-from .conftest import context, make_config
-
-OBJ = MonthEndArrMapper.TARGET_OBJECT
-
-
-def seed(bq_client, rows=30, negative_every=0) -> str:
-    dataset = f"src_{uuid.uuid4().hex[:8]}"
-    seed_source(bq_client, dataset, rows, negative_every=negative_every)
-    return dataset
-
-
-def job() -> str:
-    return f"mea_{uuid.uuid4().hex[:8]}"
+from .support import OBJ, context, job, make_config, seed
 
 
 def records_by_status(runner):
@@ -79,6 +63,25 @@ def test_transient_failures_past_max_attempts_stay_retryable_with_next_retry_at(
     rows = {r["external_id"]: r for r in third_runner.ledger.record_rows()}
     assert sorted(r["attempt_count"] for r in rows.values()) == [1] * 20 + [2] * 10
     assert len(sim_state.records(OBJ)) == 30
+
+
+def test_retry_backoff_of_a_long_failing_record_does_not_overflow(bq_client, make_runner, sim_state):
+    source, name = seed(bq_client, 10), job()
+    config = make_config(source, batch_size=10, max_attempts=1)
+    sim_state.faults.push(Fault.status(500))
+    first = make_runner(config, sim_state, job_name=name)
+    assert first.run(context()).retryable_failed == 10
+    # A record that has stayed retryable for its current payload over many runs.
+    first.ledger.conn.execute(
+        "UPDATE outbound_records SET attempt_count = 5000, next_retry_at = clock_timestamp() - interval '1 minute' "
+        "WHERE job_name = %s", (name,))
+    sim_state.faults.push(Fault.status(500))
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "completed_with_errors" and result.retryable_failed == 10
+    rows = runner.ledger.record_rows()
+    assert {r["attempt_count"] for r in rows} == {5001}
+    assert all(r["status"] == "retryable_failed" and r["next_retry_at"] is not None for r in rows)
 
 
 def test_validation_errors_are_permanent_per_record_and_not_realerted(bq_client, make_runner, sim_state):
@@ -216,19 +219,6 @@ def test_lease_loss_stops_before_the_next_batch(bq_client, make_runner, sim_stat
     assert evidence == 10
     assert runner.ledger.conn.execute("SELECT owner_run_id FROM outbound_job_leases WHERE job_name = %s",
                                       (name,)).fetchone() == ("thief",)  # the loser did not release it
-
-
-def test_a_second_run_while_the_lease_is_held_is_skipped(bq_client, make_runner, sim_state):
-    name = job()
-    runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=name)
-    from datetime import timedelta
-
-    held = runner.ledger.acquire_lease("other-run", timedelta(minutes=5))
-    result = runner.run(context("second"))
-    assert result.status == "skipped_already_running" and result.exit_code == 0
-    assert sim_state.calls() == {}
-    assert runner.ledger.run_row("second")["status"] == "skipped_already_running"
-    runner.ledger.release_lease(held)
 
 
 def test_dry_run_writes_nothing(bq_client, make_runner, sim_state, control_conn):

@@ -113,6 +113,15 @@ def test_decimals_never_go_through_floats():
         payload_hash("O", "K", "k", {"K": "k", "x": 0.1})
 
 
+def test_a_decimal_beyond_the_default_context_precision_is_a_mapping_error():
+    # A NUMERIC with 27 integer digits: quantizing it to 2 places needs 29 significant digits.
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("9" * 27), "ARR_Amount__c", precision=16, scale=2)
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("1E+40"), "ARR_Amount__c", precision=16, scale=2)
+    assert exact_decimal(Decimal("12.5"), "ARR_Amount__c", precision=16, scale=2) == Decimal("12.50")
+
+
 class Rogue(Mapper):
     TARGET_OBJECT = "Month_End_ARR__c"
     EXTERNAL_ID_FIELD = "Month_End_ARR_Key__c"

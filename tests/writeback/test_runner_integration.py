@@ -8,7 +8,7 @@ import pytest
 
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 
-from .conftest import context, make_config
+from .support import context, make_config
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +74,7 @@ def test_writeback_job_implements_the_job_protocol(bq_client, control_dsn, sourc
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import RunFailed, WritebackJob
 
-    from .conftest import crm_factory
+    from .support import crm_factory
 
     with connect(control_dsn) as conn:
         job = WritebackJob("protocol", MonthEndArrMapper(), make_config(source), bq=bq_client, conn=conn,

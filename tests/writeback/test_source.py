@@ -24,7 +24,7 @@ from nexus_pipelines.writeback.source import (
     run_readiness,
 )
 
-from .conftest import make_config
+from .support import make_config
 
 READY = ("SELECT 'load-1' AS _outbound_source_run_id, TIMESTAMP '2026-11-01 00:00:00+00' AS _outbound_source_as_of_at, "
          "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason")

@@ -1,0 +1,68 @@
+"""`nexus-pipelines run-job`: the seed's Cloud Run Job command and its exit codes, through
+click's runner against the simulator served over HTTP."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from click.testing import CliRunner
+
+from nexus_pipelines.cli import main
+from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app, serve_in_thread
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
+
+from .support import new_state, write_config
+
+
+@pytest.fixture(scope="module")
+def source(bq_client):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 40, negative_every=20)
+    return dataset
+
+
+@pytest.fixture
+def cli_env(monkeypatch, control_dsn, bq_emulator_url):
+    state = new_state()
+    url, stop = serve_in_thread(build_nexuscrm_app(state))
+    monkeypatch.setenv("NEXUS_PG_DSN", control_dsn)
+    monkeypatch.setenv("NEXUS_BQ_EMULATOR_URL", bq_emulator_url)
+    monkeypatch.setenv("NEXUS_BQ_PROJECT", "nexus-test")
+    monkeypatch.setenv("NEXUSCRM_BASE_URL", url)
+    monkeypatch.setenv("NEXUSCRM_CLIENT_ID", state.client_id)
+    monkeypatch.setenv("NEXUSCRM_CLIENT_SECRET", state.client_secret)
+    yield state
+    stop()
+
+
+def test_run_job_cli_exit_codes(tmp_path, cli_env, source, bq_client):
+    state = cli_env
+    path = write_config(tmp_path, source, local_mode=True)
+    runner = CliRunner()
+    dry = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "dry_run" in dry.output and state.calls().get("upsert", 0) == 0
+
+    canary = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path, "--external-id",
+                                  "001000000000000:2025-02", "--run-id", "cli-canary"])
+    assert canary.exit_code == 0 and "cli-canary: succeeded" in canary.output, canary.output
+    assert len(state.records("Month_End_ARR__c")) == 1
+
+    full = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path])
+    assert full.exit_code == 2 and "completed_with_errors" in full.output  # 2 new permanent failures
+    again = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path])
+    assert again.exit_code == 0 and "succeeded" in again.output and "unchanged=40" in again.output
+
+    https_only = write_config(tmp_path, source)  # local_mode off: the http simulator URL is refused
+    refused = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", https_only, "--force"])
+    assert refused.exit_code == 1 and "https" in refused.output
+
+    other = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, other, 5)
+    mark_load(bq_client, other, load_run_id="late", status="failed")
+    not_ready = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", write_config(tmp_path, other, local_mode=True)])
+    assert not_ready.exit_code == 1 and "not ready" in not_ready.output
+
+    unknown = runner.invoke(main, ["run-job", "--job", "nope", "--config", path])
+    assert unknown.exit_code != 0 and "unknown writeback job" in unknown.output
