@@ -11,11 +11,10 @@ from pathlib import Path
 import yaml
 
 from nexus_pipelines.integrations.nexuscrm import NexusCrmClient, NexusCrmCredentials
-from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, SimulatorTransport
+from nexus_pipelines.local.simulators.nexuscrm import FieldSpec, NexusCrmState, SimulatorTransport, rejects_negative
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import parse_config
 from nexus_pipelines.writeback.contract import JobContext
-from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
@@ -59,10 +58,22 @@ def write_config(tmp_path: Path, source_dataset: str, **target) -> str:
     return str(path)
 
 
+# A field NexusCRM's own users own: the writeback never writes it.
+OWNER_NOTES = FieldSpec("Owner_Notes__c", length=255)
+
+
+def deploy(state: NexusCrmState, **changed: FieldSpec) -> NexusCrmState:
+    """Month_End_ARR__c deployed in `state` from the mapper's field contract, with some
+    fields deployed differently (`Name__c=FieldSpec(...)`) to show drift or conflicts."""
+    specs = [changed.get(c.name, FieldSpec.from_contract(c)) for c in MonthEndArrMapper.FIELDS]
+    state.define_object(OBJ, [*specs, OWNER_NOTES], key_prefix="a0M")
+    return state
+
+
 def new_state() -> NexusCrmState:
-    state = NexusCrmState()
-    crm_metadata.define_object(state)
-    state.add_validation_rule(OBJ, crm_metadata.reject_negative_arr)
+    """The CRM of most tests: the object as declared, and a validation rule rejecting negative ARR."""
+    state = deploy(NexusCrmState())
+    state.add_validation_rule(OBJ, rejects_negative("ARR_Amount__c"))
     return state
 
 

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 from nexus_pipelines.local.simulators.nexuscrm import FieldSpec, NexusCrmState
 from nexus_pipelines.writeback.execute import run_in_process
-from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
 
-from .support import dagster_resources, seed, write_config
+from .support import dagster_resources, deploy, seed, write_config
 
 
 def test_run_job_exit_code_follows_the_contract_for_blocking_failures(tmp_path, control_dsn, bq_emulator_url,
                                                                        bq_client):
     """A forced replay that hits the CRM unique conflict again reports it as blocking:
     the in-process `run-job` exit code agrees with JobResult.exit_code (section 11)."""
-    state = NexusCrmState()
-    state.define_object("Month_End_ARR__c", [
-        FieldSpec(s.name, type=s.type, unique=True, length=s.length) if s.name == "Account_External_Id__c" else s
-        for s in crm_metadata.field_specs()])
+    state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=18, unique=True))
     config_path = write_config(tmp_path, seed(bq_client, 24))
     resources = dagster_resources(control_dsn, bq_emulator_url, state)
     first = run_in_process("month_end_arr", config_path, resources=resources, run_id="blk-1")

@@ -6,9 +6,8 @@ import pytest
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.local.simulators.nexuscrm import Fault, FieldSpec, NexusCrmState
-from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
 
-from .support import OBJ, context, job, make_config, seed
+from .support import OBJ, context, deploy, job, make_config, seed
 
 
 def records_by_status(runner):
@@ -104,29 +103,51 @@ def test_validation_errors_are_permanent_per_record_and_not_realerted(bq_client,
     assert sim_state.calls()["upsert"] == 2 and len(sim_state.records(OBJ)) == 36
 
 
-def drifted_state(drop: str | None = None, readonly: str | None = None) -> NexusCrmState:
-    state = NexusCrmState()
-    specs = []
-    for spec in crm_metadata.field_specs():
-        if spec.name == drop:
-            continue
-        if spec.name == readonly:
-            spec = FieldSpec(spec.name, type=spec.type, updateable=False, length=spec.length)
-        specs.append(spec)
-    state.define_object(OBJ, specs)
-    return state
-
-
-@pytest.mark.parametrize("state_kwargs,message", [
-    ({"drop": "Product_Line__c"}, "owned field Product_Line__c does not exist"),
-    ({"readonly": "ARR_Amount__c"}, "owned field ARR_Amount__c is not updateable"),  # FLS / CRUD denial
+@pytest.mark.parametrize("changed,message", [
+    ({"Product_Line__c": None}, "owned field Product_Line__c does not exist"),
+    ({"ARR_Amount__c": FieldSpec("ARR_Amount__c", type="currency", precision=16, scale=2, updateable=False)},
+     "owned field ARR_Amount__c is not updateable"),  # FLS / CRUD denial
 ])
-def test_preflight_drift_fails_the_run_before_any_write(bq_client, make_runner, control_conn, state_kwargs, message):
-    state = drifted_state(**state_kwargs)
+def test_preflight_drift_fails_the_run_before_any_write(bq_client, make_runner, changed, message):
+    state = NexusCrmState()
+    deploy(state, **{k: v for k, v in changed.items() if v is not None})
+    for name in (k for k, v in changed.items() if v is None):
+        state.alter_field(OBJ, name, drop=True)
     result = make_runner(make_config(seed(bq_client)), state, job_name=job()).run(context())
     assert result.status == "failed" and result.exit_code == 1
     assert message in result.error_message
     assert state.calls().get("upsert", 0) == 0 and result.selected == 0
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"type": "double"}, "owned field ARR_Amount__c has type 'double' in the CRM, the job declares 'currency'"),
+    ({"precision": 18, "scale": 0}, "owned field ARR_Amount__c has precision 18 in the CRM, the job declares 16"),
+    ({"scale": 4}, "owned field ARR_Amount__c has scale 4 in the CRM, the job declares 2"),
+    ({"nillable": False}, "owned field ARR_Amount__c has nillable False in the CRM, the job declares True"),
+])
+def test_field_contract_drift_fails_before_any_write_and_leaves_the_rows_eligible(bq_client, make_runner, sim_state,
+                                                                                  change, message):
+    source, name = seed(bq_client, rows=30), job()
+    config = make_config(source, batch_size=10)
+    assert make_runner(config, sim_state, job_name=name).run(context()).succeeded == 30
+    bq_client.query(f"UPDATE `{source}.month_end_arr` SET arr_amount = arr_amount + 1 WHERE TRUE").result()
+    sim_state.alter_field(OBJ, "ARR_Amount__c", **change)  # an admin changes the field
+    drifted = make_runner(config, sim_state, job_name=name)
+    result = drifted.run(context())
+    assert result.status == "failed" and result.exit_code == 1 and message in result.error_message
+    assert sim_state.calls()["upsert"] == 3  # the first run's only
+    assert {r["status"] for r in drifted.ledger.record_rows()} == {"succeeded"}
+    sim_state.alter_field(OBJ, "ARR_Amount__c", type="currency", precision=16, scale=2, nillable=True)  # fixed
+    fixed = make_runner(config, sim_state, job_name=name).run(context())
+    assert fixed.status == "succeeded" and fixed.succeeded == 30
+
+
+def test_a_text_field_shorter_in_the_crm_is_drift_too(bq_client, make_runner):
+    state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=10))
+    result = make_runner(make_config(seed(bq_client)), state, job_name=job()).run(context())
+    assert result.status == "failed"
+    assert "owned field Account_External_Id__c has length 10 in the CRM, the job declares 18" in result.error_message
+    assert state.calls().get("upsert", 0) == 0
 
 
 def test_missing_object_fails_preflight(bq_client, make_runner):
@@ -136,10 +157,7 @@ def test_missing_object_fails_preflight(bq_client, make_runner):
 
 
 def test_crm_unique_conflict_is_permanent_and_blocking(bq_client, make_runner):
-    state = NexusCrmState()
-    specs = [FieldSpec(s.name, type=s.type, unique=True, length=s.length) if s.name == "Account_External_Id__c" else s
-             for s in crm_metadata.field_specs()]
-    state.define_object(OBJ, specs)
+    state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=18, unique=True))
     result = make_runner(make_config(seed(bq_client, rows=24)), state, job_name=job()).run(context())
     # 2 accounts x 12 months: the first month of each account is created, the rest conflict.
     assert result.succeeded == 2 and result.permanently_failed == 22
@@ -255,3 +273,24 @@ def test_ledger_failure_after_a_crm_request_stops_the_run(bq_client, make_runner
     result = runner.run(context())
     assert result.status == "failed" and result.exit_code == 1 and "OperationalError" in result.error_message
     assert sim_state.calls()["upsert"] == 1  # no next batch after the evidence could not be stored
+
+
+def test_a_canary_for_an_external_id_not_in_the_source_fails_naming_it(bq_client, make_runner, sim_state):
+    wanted = ("001000000000000:2025-03", "001999999999999:2025-01", "nope")
+    result = make_runner(make_config(seed(bq_client)), sim_state, job_name=job()).run(context(external_ids=wanted))
+    assert result.status == "failed" and result.exit_code == 1
+    assert "2 of the 3 external IDs asked for are not in the source: 001999999999999:2025-01, nope" \
+        in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0  # not even the one that exists
+
+
+def test_a_nul_byte_in_a_source_text_field_fails_the_mapping_check_before_any_write(bq_client, make_runner,
+                                                                                   sim_state):
+    source = seed(bq_client, rows=24)
+    bq_client.query(f"UPDATE `{source}.month_end_arr` SET product_line = CONCAT('Cl', CHR(0), 'oud') "
+                    "WHERE account_id = '001000000000001' AND month_start = DATE '2025-04-01'").result()
+    result = make_runner(make_config(source), sim_state, job_name=job()).run(context())
+    assert result.status == "failed" and result.exit_code == 1
+    assert "1 rows fail mapping: row 001000000000001:2025-04: Product_Line__c: contains a control character " \
+           "(U+0000)" in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0

@@ -49,3 +49,69 @@ def test_a_second_run_while_the_lease_is_held_is_skipped(bq_client, make_runner,
     assert sim_state.calls() == {}
     assert runner.ledger.run_row("second")["status"] == "skipped_already_running"
     runner.ledger.release_lease(held)
+
+
+def pausing_factory(state, on_first_upsert):
+    """CRM clients whose first upsert calls `on_first_upsert()` before it is sent."""
+    from .support import crm_factory
+
+    def factory(loaded):
+        client = crm_factory(state)(loaded)
+        upsert = client.upsert_batch
+        pending = [on_first_upsert]
+
+        def upsert_batch(*args, **kwargs):
+            if pending:
+                pending.pop()()
+            return upsert(*args, **kwargs)
+
+        client.upsert_batch = upsert_batch
+        return client
+
+    return factory
+
+
+def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_client, make_runner, sim_state):
+    source, name = seed(bq_client, 30), job()
+    config = make_config(source, batch_size=10)
+    second_results = []
+
+    def run_the_same_run_id_again():
+        second = make_runner(config, sim_state, job_name=name)
+        second_results.append((second, second.run(context("same"))))
+
+    first = make_runner(config, sim_state, job_name=name)
+    first.crm_factory = pausing_factory(sim_state, run_the_same_run_id_again)
+    result = first.run(context("same"))
+    (second, refused), = second_results
+    assert refused.status == "failed" and refused.exit_code == 1
+    assert refused.error_message.startswith("run same is already executing (execution ")
+    assert f"{first.execution_id} holds the {name} lease until " in refused.error_message
+    assert sim_state.calls()["upsert"] == 3  # only the first execution wrote
+    assert result.status == "succeeded" and result.succeeded == 30
+    row = first.ledger.run_row("same")
+    assert (row["status"], row["execution_id"], row["succeeded_rows"]) == ("succeeded", first.execution_id, 30)
+    assert second.table_id is None  # the refused execution made no candidate table
+
+
+def test_a_stale_execution_cannot_overwrite_the_run_row_of_the_one_that_took_over(bq_client, make_runner, sim_state):
+    source, name = seed(bq_client, 30), job()
+    config = make_config(source, batch_size=10)
+    replays = []
+
+    def lease_runs_out_and_the_run_id_is_replayed():
+        first.ledger.conn.execute(
+            "UPDATE leases SET expires_at = clock_timestamp() - interval '1 second', "
+            "acquired_at = clock_timestamp() - interval '1 hour' WHERE lease_name = %s", (f"writeback:{name}",))
+        replay = make_runner(config, sim_state, job_name=name)
+        replays.append((replay, replay.run(context("same"))))
+
+    first = make_runner(config, sim_state, job_name=name)
+    first.crm_factory = pausing_factory(sim_state, lease_runs_out_and_the_run_id_is_replayed)
+    stale = first.run(context("same"))
+    (replay, took_over), = replays
+    assert took_over.status == "succeeded" and took_over.succeeded == 30
+    assert stale.status == "failed" and "lease" in stale.error_message
+    row = first.ledger.run_row("same")
+    assert (row["status"], row["execution_id"], row["succeeded_rows"]) == ("succeeded", replay.execution_id, 30)
+    assert replay.table_id != first.table_id  # each execution its own candidate table
