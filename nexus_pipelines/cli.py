@@ -78,9 +78,10 @@ def demo() -> None:
 from nexus_pipelines.workqueue.cli import queue as _queue  # noqa: E402
 
 main.add_command(_queue)
-from nexus_pipelines.writeback.cli import run_job as _run_job  # noqa: E402
+from nexus_pipelines.writeback.cli import run_job as _run_job, writeback as _writeback  # noqa: E402
 
 main.add_command(_run_job)
+main.add_command(_writeback)
 
 if __name__ == "__main__":
     main()

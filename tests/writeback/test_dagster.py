@@ -174,3 +174,62 @@ def test_dagster_assets_close_the_bigquery_clients_they_create(tmp_path, control
                                "config": {"dataset": f"ctl_{uuid.uuid4().hex[:6]}"}}}})
     assert exported.success
     assert len(opened) == 2 and [id(c) for c in closed] == [id(c) for c in opened]
+
+
+def test_a_run_skipped_because_another_holds_the_lease_succeeds_with_its_checks_skipped(
+        tmp_path, control_dsn, bq_emulator_url, source, control_conn):
+    from datetime import timedelta
+
+    from nexus_pipelines.writeback.ledger import Ledger
+
+    state = new_state()
+    instance = DagsterInstance.ephemeral()
+    held = Ledger(control_conn, "month_end_arr", "Month_End_ARR__c").acquire_lease("other-run", timedelta(minutes=5))
+    try:
+        result = run(tmp_path, control_dsn, bq_emulator_url, state, source, instance=instance)
+    finally:
+        Ledger(control_conn, "month_end_arr", "Month_End_ARR__c").release_lease(held)
+    assert result.success
+    assert result.get_asset_check_evaluations() == []  # not evaluated: planned, then skipped
+    planned = [e for e in instance.all_logs(result.run_id)
+               if e.dagster_event and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION_PLANNED"]
+    assert len(planned) == 5
+    from dagster import AssetCheckKey
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    (record,) = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(KEYS["readiness"], "source_ready"), limit=1)
+    # planned in a run that succeeded: the UI resolves it to SKIPPED
+    assert record.status == AssetCheckExecutionRecordStatus.PLANNED and record.run_id == result.run_id
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any("skipped_already_running: another run holds the month_end_arr lease (other-run" in m for m in logs)
+    assert state.calls() == {}
+
+
+def test_a_run_failing_by_policy_shows_one_line_with_its_counts_and_first_rejected_ids(
+        tmp_path, control_dsn, bq_emulator_url, bq_client):
+    state = new_state()
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, seed(bq_client, 40, negative_every=10))
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    description = failure.step_failure_data.user_failure_data.description
+    assert "\n" not in description
+    assert description.startswith("month_end_arr completed_with_errors (exit code 2): 36 succeeded, 4 permanent "
+                                  "(4 new, 0 blocking), 0 retryable, 0 waiting for retry; first rejected: "
+                                  "001000000000000:2025-10 FIELD_CUSTOM_VALIDATION_EXCEPTION, ")
+    assert "nexus-pipelines writeback records --job month_end_arr --status permanent_failed" in description
+    meta = failure.step_failure_data.user_failure_data.metadata
+    assert meta["exit_code"].value == 2 and meta["new_permanent_failures"].value == 4
+
+
+def test_a_partial_selection_of_the_writeback_is_refused_in_one_line(tmp_path, control_dsn, bq_emulator_url, source):
+    state = new_state()
+    result = materialize([source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)],
+                         resources=dagster_resources(control_dsn, bq_emulator_url, state),
+                         selection=[KEYS["candidates"]], raise_on_error=False, instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"writeback_month_end_arr": {"config": {
+                             "config_path": write_config(tmp_path, source)}}}})
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "runs as a whole" in failure.step_failure_data.user_failure_data.description
+    assert state.calls() == {}

@@ -66,3 +66,65 @@ def test_run_job_cli_exit_codes(tmp_path, cli_env, source, bq_client):
 
     unknown = runner.invoke(main, ["run-job", "--job", "nope", "--config", path])
     assert unknown.exit_code != 0 and "unknown writeback job" in unknown.output
+
+
+def outbound_run_ids(control_dsn) -> set[str]:
+    from nexus_pipelines.control.db import connect
+
+    with connect(control_dsn) as conn:
+        return {r[0] for r in conn.execute("SELECT run_id FROM outbound_runs")}
+
+
+@pytest.mark.parametrize("unset,target,message", [
+    ("NEXUSCRM_CLIENT_SECRET", {"local_mode": True},
+     "environment variable NEXUSCRM_CLIENT_SECRET is not set; set it to the NexusCRM client secret"),
+    (None, {}, "the NexusCRM base URL must use https (http is allowed only with target.local_mode)"),
+])
+def test_crm_settings_are_checked_before_a_run_starts(tmp_path, cli_env, source, control_dsn, monkeypatch,
+                                                      unset, target, message):
+    if unset:
+        monkeypatch.delenv(unset)
+    before = outbound_run_ids(control_dsn)
+    result = CliRunner().invoke(main, ["run-job", "--job", "month_end_arr", "--config",
+                                       write_config(tmp_path, source, **target), "--run-id", "never-started"])
+    assert result.exit_code == 1
+    assert result.output.strip().splitlines() == [f"Error: {message}"]
+    assert outbound_run_ids(control_dsn) == before and cli_env.calls() == {}
+
+
+def test_an_unreachable_control_plane_is_one_line_before_a_run_starts(tmp_path, cli_env, source, monkeypatch):
+    monkeypatch.setenv("NEXUS_PG_DSN", "postgresql://nobody@127.0.0.1:9/nexus")
+    result = CliRunner().invoke(main, ["run-job", "--job", "month_end_arr", "--config",
+                                       write_config(tmp_path, source, local_mode=True)])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "cannot reach the control plane at 127.0.0.1:9/nexus" in result.output
+    assert cli_env.calls() == {}
+
+
+def test_a_run_with_record_errors_prints_its_summary_and_dagster_run_id_and_no_traceback(
+        tmp_path, cli_env, bq_client, control_dsn, bq_emulator_url):
+    import os
+    import subprocess
+    import sys
+
+    from nexus_pipelines.settings import PROJECT_ROOT
+
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 40, negative_every=20)
+    path = write_config(tmp_path, dataset, local_mode=True)
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")}
+    (tmp_path / "dagster_home").mkdir()
+    done = subprocess.run([sys.executable, "-m", "nexus_pipelines.cli", "run-job", "--job", "month_end_arr",
+                           "--config", path, "--run-id", "cli-errors"], cwd=PROJECT_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr and "dagster._core" not in done.stderr + done.stdout
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("month_end_arr run cli-errors: completed_with_errors (selected=40")
+    assert "first rejected: 001000000000001:2025-08 FIELD_CUSTOM_VALIDATION_EXCEPTION, 001000000000003:2025-04" in lines[0]
+    assert lines[1].startswith("Dagster run ") and "make dev" in lines[1]
+    from dagster import DagsterInstance
+
+    dagster_run_id = lines[1].split()[2]
+    with DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
+        assert instance.get_run_by_id(dagster_run_id).job_name == "writeback_month_end_arr_job"
