@@ -672,6 +672,7 @@ def _normalize(external_ids: list[str], content: bytes) -> tuple[list[RecordWrit
         else:
             first = item.errors[0]
             code = first.statusCode if _IDENTIFIER.match(first.statusCode) else "UNKNOWN_ERROR"
-            message = " | ".join(f"{e.statusCode}: {e.message}" for e in item.errors)
+            # The code is the error_code column; the message keeps the CRM's words only.
+            message = " | ".join(e.message or e.statusCode for e in item.errors)
             results.append(_failure(external_id, code, message))
     return results, True

@@ -83,7 +83,6 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
                                      log_level="CRITICAL")  # the summary below reports each run
             upserts = state.calls().get("upsert", 0) - before
             outcomes.append((label, outcome, upserts, time.monotonic() - t0))
-            echo(f"{label}: {outcome.summary()}")
     finally:
         stop()
     echo("")
@@ -95,8 +94,8 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
              f"failed={c.get('retryable_failed', 0) + c.get('permanently_failed', 0):<3} "
              f"upsert_calls={upserts:<3} ({seconds:.1f}s, exit code {o.exit_code})")
         if o.rejected:
-            rejected = ", ".join(f"{external_id} ({code})" for external_id, code in o.rejected)
-            echo(f"            rejected by the CRM: {rejected}, ...")
+            rejected = ", ".join(f"{external_id} ({code})" for external_id, code in o.rejected[:3])
+            echo(f"            rejected: {rejected}, ... ({c.get('permanently_failed', 0)} permanent in all)")
         elif o.status == "failed" and o.error:
             echo(f"            error: {o.error}")
     echo(f"  CRM now holds {len(state.records(obj))} {obj} records")
