@@ -240,16 +240,6 @@ class ObjectDescribe(BaseModel):
         return next((f for f in self.fields if f.name == name), None)
 
 
-class ObjectDescribe(BaseModel):
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-
-    name: str
-    fields: tuple[FieldDescribe, ...]
-
-    def field(self, name: str) -> FieldDescribe | None:
-        return next((f for f in self.fields if f.name == name), None)
-
-
 class _UpsertError(BaseModel):
     # Error items may grow keys (extendedErrorDetails); only these two are read.
     model_config = ConfigDict(extra="ignore", frozen=True, strict=True)

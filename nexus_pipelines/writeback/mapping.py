@@ -294,23 +294,24 @@ def _number_problem(value: Any, spec: FieldContract) -> str | None:
     return None
 
 
+def _well_formed(value: Any, pattern: re.Pattern[str], parse: Any) -> bool:
+    """Text in `pattern`'s shape that `parse` accepts (a real calendar date and time)."""
+    if type(value) is not str or not pattern.match(value):
+        return False
+    try:
+        parse(value)
+    except ValueError:
+        return False
+    return True
+
+
 def _date_problem(value: Any, spec: FieldContract) -> str | None:
-    if type(value) is str and _DATE.match(value):
-        try:
-            date.fromisoformat(value)
-            return None
-        except ValueError:
-            pass
-    return "expected a date as YYYY-MM-DD"
+    return None if _well_formed(value, _DATE, date.fromisoformat) else "expected a date as YYYY-MM-DD"
 
 
 def _datetime_problem(value: Any, spec: FieldContract) -> str | None:
-    if type(value) is str and _UTC_DATETIME.match(value):
-        try:
-            datetime.fromisoformat(value)
-            return None
-        except ValueError:
-            pass
+    if _well_formed(value, _UTC_DATETIME, datetime.fromisoformat):
+        return None
     return "expected a UTC datetime as YYYY-MM-DDTHH:MM:SS.sssZ"
 
 

@@ -71,19 +71,28 @@ def pausing_factory(state, on_first_upsert):
     return factory
 
 
-def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_client, make_runner, sim_state):
-    source, name = seed(bq_client, 30), job()
-    config = make_config(source, batch_size=10)
-    second_results = []
+def run_interrupted(make_runner, bq_client, sim_state, during_first_upsert):
+    """Run `same` of a fresh job; just before its first upsert, `during_first_upsert(first,
+    another_execution)` runs (another_execution() runs `same` again and returns its result)."""
+    config, name = make_config(seed(bq_client, 30), batch_size=10), job()
+    others = []
 
-    def run_the_same_run_id_again():
-        second = make_runner(config, sim_state, job_name=name)
-        second_results.append((second, second.run(context("same"))))
+    def another_execution():
+        other = make_runner(config, sim_state, job_name=name)
+        others.append(other)
+        return other.run(context("same"))
 
     first = make_runner(config, sim_state, job_name=name)
-    first.crm_factory = pausing_factory(sim_state, run_the_same_run_id_again)
+    first.crm_factory = pausing_factory(sim_state, lambda: during_first_upsert(first, another_execution))
     result = first.run(context("same"))
-    (second, refused), = second_results
+    return name, first, result, others[0]
+
+
+def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_client, make_runner, sim_state):
+    outcomes = []
+    name, first, result, second = run_interrupted(
+        make_runner, bq_client, sim_state, lambda first, again: outcomes.append(again()))
+    (refused,) = outcomes
     assert refused.status == "failed" and refused.exit_code == 1
     assert refused.error_message.startswith("run same is already executing (execution ")
     assert f"{first.execution_id} holds the {name} lease until " in refused.error_message
@@ -95,21 +104,18 @@ def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_cli
 
 
 def test_a_stale_execution_cannot_overwrite_the_run_row_of_the_one_that_took_over(bq_client, make_runner, sim_state):
-    source, name = seed(bq_client, 30), job()
-    config = make_config(source, batch_size=10)
-    replays = []
+    outcomes = []
 
-    def lease_runs_out_and_the_run_id_is_replayed():
+    def lease_runs_out_and_the_run_id_is_replayed(first, again):
         first.ledger.conn.execute(
             "UPDATE leases SET expires_at = clock_timestamp() - interval '1 second', "
-            "acquired_at = clock_timestamp() - interval '1 hour' WHERE lease_name = %s", (f"writeback:{name}",))
-        replay = make_runner(config, sim_state, job_name=name)
-        replays.append((replay, replay.run(context("same"))))
+            "acquired_at = clock_timestamp() - interval '1 hour' WHERE lease_name = %s",
+            (f"writeback:{first.job_name}",))
+        outcomes.append(again())
 
-    first = make_runner(config, sim_state, job_name=name)
-    first.crm_factory = pausing_factory(sim_state, lease_runs_out_and_the_run_id_is_replayed)
-    stale = first.run(context("same"))
-    (replay, took_over), = replays
+    _, first, stale, replay = run_interrupted(make_runner, bq_client, sim_state,
+                                              lease_runs_out_and_the_run_id_is_replayed)
+    (took_over,) = outcomes
     assert took_over.status == "succeeded" and took_over.succeeded == 30
     assert stale.status == "failed" and "lease" in stale.error_message
     row = first.ledger.run_row("same")
