@@ -30,5 +30,7 @@ def test_ledger_export_to_bigquery(make_runner, source, bq_client, control_conn)
     rows = list(bq_client.query(f"SELECT status, COUNT(*) AS n FROM `{dataset}.outbound_records` "
                                 "WHERE job_name = 'export' GROUP BY status ORDER BY status").result())
     assert [(r["status"], r["n"]) for r in rows] == [("permanent_failed", 2), ("succeeded", 38)]
+    (run,) = bq_client.query(f"SELECT crm_api_usage FROM `{dataset}.outbound_runs` WHERE run_id = 'exp-1'").result()
+    assert run["crm_api_usage"] == "2/15000"  # the CRM's Sforce-Limit-Info, for analysts too
     again = export_ledger(control_conn, bq_client, "nexus-test", dataset)
     assert again["outbound_records"] == expected_records  # replaced, not appended
