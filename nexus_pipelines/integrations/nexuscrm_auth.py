@@ -46,8 +46,8 @@ class ApiLimitExceeded(NexusCrmError):
         self.usage = usage
         self.retry_after = retry_after
         seen = f" ({usage})" if usage else ""
-        super().__init__(f"NexusCRM refused {endpoint}: the org's daily API allocation is spent{seen} "
-                         "(403 REQUEST_LIMIT_EXCEEDED); try again when it recovers")
+        super().__init__(f"NexusCRM refused the {endpoint} call with 403 REQUEST_LIMIT_EXCEEDED: the org's daily "
+                         f"API allocation is spent{seen}; try again when it recovers")
 
 
 class TokenUnavailable(NexusCrmError):
@@ -149,7 +149,7 @@ class ClientCredentialsAuth(httpx.Auth):
 
     def accept_token_response(self, response: httpx.Response) -> None:
         status = response.status_code
-        limited = limit_exceeded("the token request", response)
+        limited = limit_exceeded("token", response)
         if limited:
             raise limited
         if status in _TRANSIENT_STATUSES or status >= 500:

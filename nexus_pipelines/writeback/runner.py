@@ -540,6 +540,7 @@ class Runner:
         started = time.perf_counter()
         crm = crm or getattr(self, "_crm", None)
         if crm is not None:
+            self.api_usage = crm.api_usage or self.api_usage  # the last usage the CRM reported, on any call
             crm.close()
         if self.table_id:
             try:

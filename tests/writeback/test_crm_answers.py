@@ -38,6 +38,17 @@ def test_a_spent_api_allocation_stops_the_run_before_the_next_batch(bq_client, m
     assert runner.ledger.run_row(ctx.run_id)["crm_api_usage"] == "3/3"
 
 
+def test_an_allocation_spent_before_the_run_fails_it_at_the_token_in_one_line(bq_client, make_runner, sim_state):
+    sim_state.set_api_usage(sim_state.api_limit)
+    runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=job())
+    result = runner.run(context())
+    assert result.status == "failed" and result.exit_code == 1 and "\n" not in result.error_message
+    assert ("refused the token call with 403 REQUEST_LIMIT_EXCEEDED: the org's daily API allocation is spent "
+            "(api-usage=15000/15000)") in result.error_message
+    assert sim_state.calls() == {"token": 1} and runner.ledger.record_rows() == []
+    assert result.api_usage == "15000/15000"
+
+
 def test_the_job_stops_before_using_the_headroom_it_leaves_other_integrations(bq_client, make_runner, sim_state):
     config = make_config(seed(bq_client, 50), batch_size=10, api_headroom_percent=50)
     sim_state.api_limit = 10
