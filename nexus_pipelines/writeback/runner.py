@@ -49,6 +49,7 @@ from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError, printable
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
 from nexus_pipelines.writeback.source import (
+    CandidateTable,
     Readiness,
     SourceError,
     WarehouseTimer,
@@ -275,8 +276,21 @@ class Runner:
     # -- steps ------------------------------------------------------------------------
 
     def _steps(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        yield from self._check_source(context)  # 3
+        crm = yield from self._preflight()  # 4
+        table = yield from self._candidates(context, counts)  # 5, 6a
+        db_now = yield from self._validate(context, counts, table)  # 6b
+        total_batches = math.ceil(counts.to_write / self.config.write.batch_size)
+        yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
+                       f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
+        if context.dry_run or counts.to_write == 0:
+            return crm  # nothing to send: no second pass over the candidates
+        yield from self._write_pass(context, counts, crm, db_now, total_batches)  # 7, 8
+        return crm
+
+    def _check_source(self, context: JobContext) -> Iterator[Event]:
+        """Step 3: readiness and freshness."""
         cfg = self.config
-        # 3. readiness and freshness
         started = time.perf_counter()
         readiness = run_readiness(self.bq, self.loaded.readiness_sql(), location=cfg.source.location,
                                   timer=self.warehouse)
@@ -299,7 +313,8 @@ class Runner:
         if stale:
             raise _CheckFailed(stale)
 
-        # 4. authentication and preflight, before anything is selected or written
+    def _preflight(self) -> Iterator[Event]:
+        """Step 4: authentication and the field contract, before anything is selected or written."""
         started = time.perf_counter()
         crm = self.crm_factory(self.loaded)
         self._crm = crm
@@ -308,8 +323,12 @@ class Runner:
         self.api_usage = crm.api_usage
         yield self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT,
                                                      "crm_api_usage": str(self.api_usage or "unknown")})
+        return crm
 
-        # 5. the run-scoped candidate table
+    def _candidates(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        """Steps 5 and 6a: the run-scoped candidate table, every canary id in it, and the
+        set-based key checks."""
+        cfg = self.config
         started = time.perf_counter()
         self.table_id = candidate_table_id(cfg.state.project, cfg.state.dataset, self.job_name, context.run_id,
                                            self.execution_id)
@@ -325,8 +344,6 @@ class Runner:
             raise RunFailed(f"{len(missing)} of the {len(set(context.external_ids))} external IDs asked for "
                             f"are not in the source: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
         self._heartbeat()
-
-        # 6a. set-based key checks and the source schema
         started = time.perf_counter()
         keys = check_keys(self.bq, self.table_id, location=cfg.source.location, timer=self.warehouse)
         yield self._stage(STAGE_KEYS, started)
@@ -345,8 +362,12 @@ class Runner:
             raise _CheckFailed("; ".join(c for c, ok in (
                 (f"{keys.null_or_empty} null or empty external IDs", null_ok),
                 (f"{keys.duplicate_ids} duplicate external IDs", unique_ok)) if not ok))
+        return table
 
-        # 6b. the no-write validation pass (also counts what the write pass will send)
+    def _validate(self, context: JobContext, counts: _Counts, table: CandidateTable) -> Iterator[Event]:
+        """Step 6b: the no-write validation pass (every row mapped and hashed; it also counts
+        what the write pass will send). Returns the database time the decisions used."""
+        cfg = self.config
         started = time.perf_counter()
         schema_problems = self.mapper.schema_problems(table.schema)
         errors: list[str] = []
@@ -389,15 +410,7 @@ class Runner:
         if not valid:
             raise _CheckFailed(description)
         self.ledger.set_selection(context.run_id, counts.selected, counts.unchanged + counts.deferred)
-        total_batches = math.ceil(counts.to_write / cfg.write.batch_size)
-        yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
-                       f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
-        if context.dry_run or counts.to_write == 0:
-            return crm  # nothing to send: no second pass over the candidates
-
-        # 7 + 8. state read and batched writes
-        yield from self._write_pass(context, counts, crm, db_now, total_batches)
-        return crm
+        return db_now
 
     def _write_pass(self, context: JobContext, counts: _Counts, crm: NexusCrmClient, now: datetime,
                     total_batches: int) -> Iterator[Event]:
