@@ -9,7 +9,10 @@ NexusCRM simulator over HTTP from another process with L ms added per call, runs
 line of stdout, one JSON object.
 
 Peak RSS is this process only (the runner); the emulator, the simulator and Postgres
-run in their own processes, as BigQuery, NexusCRM and the control plane would.
+run in their own processes, as BigQuery, NexusCRM and the control plane would. The
+validation pass is reported per row as wall time, as CPU time of the thread that maps
+and hashes, and as CPU time of the whole process (the page reads on the prefetch thread
+included); the load average at the start and the end says how busy the machine was.
 """
 
 from __future__ import annotations
@@ -32,10 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 def _serve_simulator(latency_s: float, conn) -> None:
     """Simulator process: serve over HTTP, answer 'calls' and 'stop' over the pipe."""
     from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, serve_in_thread
-    from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
+    from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
     state = NexusCrmState(latency_s=latency_s, api_limit=10_000_000)
-    crm_metadata.define_object(state)
+    state.define_object_from_contract(MonthEndArrMapper.TARGET_OBJECT, MonthEndArrMapper.FIELDS)
     url, stop = serve_in_thread(build_nexuscrm_app(state))
     conn.send((url, state.client_id, state.client_secret))
     while True:
@@ -55,6 +58,21 @@ def _pct(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
+
+
+def _run(runner, context) -> tuple:
+    """Run to the end; returns (result, validation main-thread CPU s, validation process CPU s)."""
+    from nexus_pipelines.writeback.contract import JobResult
+    from nexus_pipelines.writeback.runner import STAGE_KEYS, STAGE_VALIDATION, StageDone
+
+    result, marks = None, {}
+    for event in runner.execute(context):
+        if isinstance(event, StageDone) and event.stage in (STAGE_KEYS, STAGE_VALIDATION):
+            marks[event.stage] = (time.thread_time(), time.process_time())
+        elif isinstance(event, JobResult):
+            result = event
+    (thread0, process0), (thread1, process1) = marks[STAGE_KEYS], marks[STAGE_VALIDATION]
+    return result, thread1 - thread0, process1 - process0
 
 
 def main() -> int:
@@ -80,6 +98,7 @@ def main() -> int:
     def say(line: str) -> None:
         print(line, flush=True)
 
+    load_start = [round(x, 2) for x in os.getloadavg()]
     work = Path(tempfile.mkdtemp(prefix="wb_bench_"))
     postgres = None
     if os.environ.get("NEXUS_PG_DSN"):
@@ -127,10 +146,10 @@ def main() -> int:
                 runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn,
                                 page_size=args.page_size, prefetch_pages=args.prefetch_pages)
                 t = time.perf_counter()
-                result = runner.run(JobContext(run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}",
-                                               started_at=datetime.now(UTC), dry_run=False))
+                result, cpu_thread, cpu_process = _run(runner, JobContext(
+                    run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}", started_at=datetime.now(UTC), dry_run=False))
                 wall = time.perf_counter() - t
-            runs.append((label, result, runner, wall))
+            runs.append((label, result, runner, wall, cpu_thread, cpu_process))
             say(f"{label}: {result.status} selected={result.selected} unchanged={result.unchanged} "
                 f"succeeded={result.succeeded} failed={result.retryable_failed + result.permanently_failed} "
                 f"batches={result.batches} crm_calls={result.crm_calls} wall={wall:.2f}s "
@@ -143,8 +162,9 @@ def main() -> int:
                     f"max={max(commits):.2f} ms over {len(commits)} batches")
         parent.send("records")
         crm_records = parent.recv()
-        _, first, first_runner, first_wall = runs[0]
-        _, rerun, _, _ = runs[1]
+        _, first, first_runner, first_wall, cpu_thread, cpu_process = runs[0]
+        _, rerun, _, rerun_wall, _, _ = runs[1]
+        per_row_us = 1e6 / max(first.selected, 1)
         changed = first.would_write
         # BigQuery time on the critical path: every stage before the write pass waits on it;
         # in the write pass the next page is read on a prefetch thread while the CRM call runs.
@@ -156,13 +176,19 @@ def main() -> int:
             "latency_ms": args.latency_ms,
             "total_s": round(first_wall, 3),
             "warehouse_read_s": round(first_runner.warehouse.seconds, 3),
+            "ledger_commit_p50_ms": round(_pct(first_runner.ledger_commit_ms, 0.5), 3),
             "ledger_commit_p95_ms": round(_pct(first_runner.ledger_commit_ms, 0.95), 3),
+            "validation_us_per_row": round(first.stage_seconds.get("validation_pass", 0.0) * per_row_us, 1),
+            "validation_cpu_us_per_row": round(cpu_thread * per_row_us, 1),
+            "validation_process_cpu_us_per_row": round(cpu_process * per_row_us, 1),
+            "load_average_start": load_start,
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
             "unchanged_rerun_calls": rerun.crm_calls,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             "crm_records": crm_records,
             "first_status": first.status,
             "rerun_status": rerun.status,
-            "rerun_total_s": round(runs[1][3], 3),
+            "rerun_total_s": round(rerun_wall, 3),
             "crm_calls_s": round(first.stage_seconds.get("crm_calls", 0.0), 3),
             "ledger_writes_s": round(first.stage_seconds.get("ledger_writes", 0.0), 3),
             "validation_pass_s": round(first.stage_seconds.get("validation_pass", 0.0), 3),

@@ -84,9 +84,10 @@ main.add_command(_queue)
 main.add_command(_connectors)
 main.add_command(_tickets)
 main.add_command(_actors)
-from nexus_pipelines.writeback.cli import run_job as _run_job  # noqa: E402
+from nexus_pipelines.writeback.cli import run_job as _run_job, writeback as _writeback  # noqa: E402
 
 main.add_command(_run_job)
+main.add_command(_writeback)
 
 if __name__ == "__main__":
     main()

@@ -1,8 +1,15 @@
 """Transport-only client for NexusCRM, a Salesforce-compatible REST API (v63).
 
-It knows OAuth, describe and Composite Collections Upsert, and the retry policy of
-seed 004 section 11. It knows no object's fields or business rules: callers pass the
-object, the external ID field and ready-made records.
+It knows OAuth (`nexuscrm_auth.ClientCredentialsAuth`), describe, sObject Collections
+upsert and the retry policy of seed 004 section 11, on the shared HTTP core
+(`integrations.http`: egress limited to the configured origin, redirects never
+followed, calls counted). It knows no object's fields or business rules: callers pass
+the object, its field contract and ready-made records.
+
+An upsert never raises for what the CRM answered: `BatchWriteOutcome` says, per record,
+what happened, and `stop_reason` says when the run must stop after persisting the
+batch's evidence (the org's API allocation spent, a rejected whole request, an
+authentication failure).
 
 Never logged or put in an exception: client credentials, tokens, auth headers,
 OAuth responses, record payloads.
@@ -16,18 +23,41 @@ import os
 import random
 import re
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from decimal import Decimal
+from typing import Any, Literal, Self
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from nexus_pipelines.backoff import capped_exponential
-from nexus_pipelines.integrations.http import parse_retry_after
-from nexus_pipelines.redaction import one_line
+from nexus_pipelines.integrations.http import (
+    ENDPOINT,
+    CallCounter,
+    EgressRefused,
+    make_client,
+    origin_of,
+    parse_retry_after,
+)
+from nexus_pipelines.integrations.nexuscrm_auth import (
+    REQUEST_LIMIT_EXCEEDED,
+    ApiLimitExceeded,
+    AuthError,
+    ClientCredentialsAuth,
+    NexusCrmError,
+    NexusCrmResponseError,
+    OAuthToken,
+    TokenUnavailable,
+    error_code,
+    limit_exceeded,
+    parse_token,
+    validation_problem,
+)
+from nexus_pipelines.redaction import one_line, register_secret
+
+__all__ = ["ApiLimitExceeded", "AuthError", "NexusCrmError", "NexusCrmResponseError", "parse_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +66,12 @@ MAX_BATCH_RECORDS = 200
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=30.0, pool=5.0)
 DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 MAX_ERROR_MESSAGE_CHARS = 500
+# The allocation is a rolling 24-hour window: rows refused by it wait an hour, long
+# enough for old calls to age out, short enough not to lose the day.
+ALLOCATION_RETRY_S = 3600.0
 
-# Per-record / whole-request error codes that may succeed on a later attempt.
-RETRYABLE_ERROR_CODES = frozenset({"UNABLE_TO_LOCK_ROW", "REQUEST_LIMIT_EXCEEDED", "SERVER_UNAVAILABLE", "UNACCOUNTED"})
+# Per-record error codes that may succeed on a later attempt.
+RETRYABLE_ERROR_CODES = frozenset({"UNABLE_TO_LOCK_ROW", REQUEST_LIMIT_EXCEEDED, "SERVER_UNAVAILABLE", "UNACCOUNTED"})
 # Permanent failures that mean the target's uniqueness contract is broken: alert.
 BLOCKING_ERROR_CODES = frozenset({"DUPLICATE_VALUE", "DUPLICATE_EXTERNAL_ID"})
 # Everything else (validation, FLS/CRUD, invalid field/value, unknown) is permanent.
@@ -46,19 +79,11 @@ BLOCKING_ERROR_CODES = frozenset({"DUPLICATE_VALUE", "DUPLICATE_EXTERNAL_ID"})
 _TRANSIENT_STATUSES = frozenset({408, 429})
 # API names and error codes: safe in a URL path, a log line or a ledger column.
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
-_LIMIT_INFO = re.compile(r"api-usage=(\d+)/(\d+)")
+_LIMIT_INFO = re.compile(r"(?:^|[;,\s])api-usage=(\d+)/(\d+)")
 _NOT_VISIBLE = "does not exist or is not visible to the integration user"
 
 
-class NexusCrmError(Exception):
-    """Base of every error this client raises; messages are one line and secret-free."""
-
-
 class NexusCrmConfigError(NexusCrmError):
-    pass
-
-
-class AuthError(NexusCrmError):
     pass
 
 
@@ -72,19 +97,16 @@ class PreflightError(NexusCrmError):
         super().__init__(f"NexusCRM preflight failed for {object_name}: " + "; ".join(problems))
 
 
-class NexusCrmResponseError(NexusCrmError):
-    """The API answered with an unexpected status or a body that breaks the contract."""
-
-
 class NexusCrmUnavailable(NexusCrmError):
     """Token or describe kept failing transiently until the attempts ran out."""
 
 
 def longest_batch_call_s(max_attempts: int, max_backoff_s: float, timeout: httpx.Timeout = DEFAULT_TIMEOUT) -> float:
-    """The longest one `upsert_batch` can take: every attempt runs into every timeout and
-    waits the longest backoff before the next (a longer Retry-After is not waited out)."""
-    per_attempt = sum(t or 0.0 for t in (timeout.connect, timeout.write, timeout.read, timeout.pool))
-    return max_attempts * per_attempt + (max_attempts - 1) * max_backoff_s
+    """The longest one `upsert_batch` can take: every attempt (a 401, the token refresh and
+    the resend) runs into every timeout and waits the longest backoff before the next (a
+    longer Retry-After is not waited out)."""
+    per_request = sum(t or 0.0 for t in (timeout.connect, timeout.write, timeout.read, timeout.pool))
+    return max_attempts * 3 * per_request + (max_attempts - 1) * max_backoff_s
 
 
 def is_retryable(error_code: str) -> bool:
@@ -137,6 +159,7 @@ class NexusCrmCredentials(BaseModel):
         allow_http: bool,
         environ: Mapping[str, str] | None = None,
     ) -> NexusCrmCredentials:
+        """Read the named variables; the id and secret join the redaction rule."""
         env = os.environ if environ is None else environ
         values = {}
         names = {"base_url": base_url_env, "client_id": client_id_env, "client_secret": client_secret_env}
@@ -147,23 +170,9 @@ class NexusCrmCredentials(BaseModel):
                 raise NexusCrmConfigError(f"environment variable {var} is not set; set it to the NexusCRM {what}")
             values[key] = value
         _check_url(values["base_url"], f"NexusCRM base URL from {base_url_env}", allow_http)
+        register_secret(values["client_id"])
+        register_secret(values["client_secret"])
         return cls(**values, allow_http=allow_http)
-
-
-class OAuthToken(BaseModel):
-    # Real token responses carry more keys (id, issued_at, signature, scope).
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-
-    access_token: SecretStr = Field(min_length=1)
-    instance_url: str = Field(min_length=1)
-    token_type: str
-
-    @field_validator("token_type")
-    @classmethod
-    def _bearer(cls, value: str) -> str:
-        if value.lower() != "bearer":
-            raise ValueError("token_type must be Bearer")
-        return value
 
 
 class FieldDescribe(BaseModel):
@@ -181,6 +190,44 @@ class FieldDescribe(BaseModel):
     length: int
     precision: int
     scale: int
+
+
+FieldType = Literal["string", "boolean", "double", "currency", "percent", "date", "datetime"]
+TEXT_TYPES = frozenset({"string"})
+NUMBER_TYPES = frozenset({"double", "currency", "percent"})
+
+
+@dataclass(frozen=True)
+class FieldContract:
+    """One field of the target object as a writer relies on it: declared once (by a job's
+    mapper), compared with the CRM's describe before any write, and what the simulator
+    builds its object from. `length` is for text, `precision`/`scale` for numbers."""
+
+    name: str
+    type: FieldType
+    length: int = 0
+    precision: int = 0
+    scale: int = 0
+    nillable: bool = True
+    external_id: bool = False  # unique and an idLookup field: the upsert key
+
+    def __post_init__(self) -> None:
+        _check_api_name(self.name)
+        text, number = self.type in TEXT_TYPES, self.type in NUMBER_TYPES
+        if text != (self.length > 0) or (not text and self.length):
+            raise ValueError(f"{self.name}: a length is declared for text fields, and only for them")
+        if number != (self.precision > 0) or not 0 <= self.scale <= self.precision or (self.scale and not number):
+            raise ValueError(f"{self.name}: precision >= scale >= 0 is declared for number fields, and only for them")
+        if self.external_id and (self.type != "string" or self.nillable):
+            raise ValueError(f"{self.name}: the external id must be a non-nillable string field")
+
+    def drift(self, field: FieldDescribe) -> list[str]:
+        """How the CRM's field differs from this contract (type, limits, nillability)."""
+        checks = (("type", self.type, field.type), ("length", self.length, field.length),
+                  ("precision", self.precision, field.precision), ("scale", self.scale, field.scale),
+                  ("nillable", self.nillable, field.nillable))
+        return [f"owned field {self.name} has {what} {got!r} in the CRM, the job declares {want!r}"
+                for what, want, got in checks if want != got]
 
 
 class ObjectDescribe(BaseModel):
@@ -226,6 +273,7 @@ class RecordWriteResult:
     error_code: str | None
     error_message: str | None
     retryable: bool
+    created: bool | None = None  # success only: the CRM's created/updated flag
 
 
 @dataclass(frozen=True)
@@ -233,31 +281,32 @@ class ApiLimit:
     used: int
     max: int
 
+    def __str__(self) -> str:
+        return f"{self.used}/{self.max}"
+
 
 @dataclass(frozen=True)
 class BatchWriteOutcome:
     results: tuple[RecordWriteResult, ...]  # one per requested record, in request order
-    created_external_ids: frozenset[str]
     http_status: int | None  # of the last response; None when none arrived
     duration_ms: int
-    attempts: int  # upsert requests sent, including the one after a token refresh
+    attempts: int  # upsert requests sent (a token refresh's resend included)
     limit_info: ApiLimit | None
     batch_error: str | None  # set when the request as a whole failed or its body was unusable
-    retry_after_s: float | None  # the server's last Retry-After, for scheduling a later retry
+    retry_after_s: float | None  # when the batch's retryable rows may be sent again, if the CRM said
+    stop_reason: str | None = None  # the run must stop after persisting this batch (one line)
+
+    @property
+    def created_external_ids(self) -> frozenset[str]:
+        return frozenset(r.external_id for r in self.results if r.created)
 
     @property
     def blocking_failures(self) -> tuple[RecordWriteResult, ...]:
         return tuple(r for r in self.results if is_blocking(r.error_code))
 
 
-def parse_token(content: bytes) -> OAuthToken:
-    try:
-        return OAuthToken.model_validate_json(content)
-    except ValidationError as exc:
-        raise NexusCrmResponseError(f"NexusCRM token response is malformed ({_validation_problem(exc)})") from None
-
-
 def parse_limit_info(header: str | None) -> ApiLimit | None:
+    """`api-usage=N/M` of a Sforce-Limit-Info header (not `per-app-api-usage`)."""
     match = _LIMIT_INFO.search(header or "")
     return ApiLimit(int(match.group(1)), int(match.group(2))) if match else None
 
@@ -275,19 +324,11 @@ class _Exhausted(Exception):
         self.attempts = attempts
 
 
-def _error_code(response: httpx.Response) -> str | None:
-    """The code of a Salesforce error body (`[{"errorCode": ...}]` or OAuth `{"error": ...}`)."""
-    try:
-        body = response.json()
-    except ValueError:
-        return None
-    if isinstance(body, list) and body and isinstance(body[0], dict):
-        code = body[0].get("errorCode")
-    elif isinstance(body, dict):
-        code = body.get("error")
-    else:
-        return None
-    return code if isinstance(code, str) and _IDENTIFIER.match(code) else None
+class _Halted(Exception):
+    """The CRM refused in a way no retry in this run can fix; `cause` says how."""
+
+    def __init__(self, cause: NexusCrmError) -> None:
+        self.cause = cause
 
 
 def _error_message(response: httpx.Response) -> str:
@@ -299,13 +340,8 @@ def _error_message(response: httpx.Response) -> str:
     return message if isinstance(message, str) else ""
 
 
-def _validation_problem(exc: ValidationError) -> str:
-    # Field paths only: pydantic's own text would echo the input values.
-    return ", ".join(".".join(str(p) for p in e["loc"]) or "body" for e in exc.errors(include_input=False))
-
-
 class NexusCrmClient:
-    """One pooled httpx.Client per instance; use as a context manager or call close().
+    """One pooled HTTP client per instance; use as a context manager or call close().
 
     Not safe for concurrent use from several threads (the token is shared state).
     Tests pass `transport=SimulatorTransport(state)` from the NexusCRM simulator.
@@ -328,16 +364,17 @@ class NexusCrmClient:
             raise ValueError("need max_attempts >= 1 and 0 <= base_backoff_s <= max_backoff_s")
         self._credentials = credentials
         self._base_url = credentials.base_url.rstrip("/")
-        self._http = httpx.Client(
-            transport=transport, timeout=timeout, limits=limits, headers={"Accept": "application/json"}
-        )
+        self._auth = ClientCredentialsAuth(f"{self._base_url}/services/oauth2/token", credentials.client_id,
+                                           credentials.client_secret, self._check_token)
+        self._counter = CallCounter()
+        self._http = make_client(self._base_url, transport=transport, counter=self._counter, auth=self._auth,
+                                 headers={"Accept": "application/json"}, timeout=timeout, limits=limits)
         self._max_attempts = max_attempts
         self._base_backoff_s = base_backoff_s
         self._max_backoff_s = max_backoff_s
         self._sleep = sleep
         self._rng = rng or random.Random()
-        self._token: OAuthToken | None = None
-        self._calls: Counter[str] = Counter()
+        self.api_usage: ApiLimit | None = None  # the last Sforce-Limit-Info seen
 
     def __repr__(self) -> str:
         return f"NexusCrmClient(base_url={self._credentials.base_url!r})"
@@ -352,83 +389,73 @@ class NexusCrmClient:
         self._http.close()
 
     def call_counts(self) -> dict[str, int]:
-        """HTTP requests per endpoint (token, describe, upsert) and transient failures seen
-        (status_429, status_5xx, status_408, transport_error), for run metrics."""
-        return dict(self._calls)
+        """Requests per endpoint (token, describe, upsert) and per `endpoint:outcome`
+        (status_NNN or an exception name), for run metrics."""
+        return self._counter.snapshot()
 
     # -- auth -------------------------------------------------------------------------
 
     def authenticate(self) -> None:
-        """Fetch a fresh token (preflight step 1); later calls reuse it until a 401."""
-        url = f"{self._base_url}/services/oauth2/token"
-        form = {
-            "grant_type": "client_credentials",
-            "client_id": self._credentials.client_id.get_secret_value(),
-            "client_secret": self._credentials.client_secret.get_secret_value(),
-        }
+        """Fetch a fresh token (preflight step 1); later calls reuse it and refresh it on a 401."""
+        self._auth.invalidate()
         try:
-            response, _ = self._send("token", "POST", url, authed=False, data=form)
+            response, _ = self._retrying("token", lambda: self._http.send(self._auth.token_request(), auth=None))
+            self._auth.accept_token_response(response)
         except _Exhausted as exc:
             raise NexusCrmUnavailable(
                 f"NexusCRM token endpoint failed with {exc.failure.code} on {exc.attempts} attempts; try again later"
             ) from None
-        if response.status_code != 200:
-            code = _error_code(response) or "no error code"
-            raise AuthError(
-                f"NexusCRM refused the OAuth client_credentials request (HTTP {response.status_code}, {code}); "
-                "check the client id/secret and the Connected App"
-            )
-        token = parse_token(response.content)
-        _check_url(token.instance_url, "NexusCRM instance_url from the token response", self._credentials.allow_http)
-        self._token = token
+        except _Halted as exc:
+            raise exc.cause from None
 
-    def _bearer(self) -> dict[str, str]:
-        if self._token is None:
-            self.authenticate()
-        assert self._token is not None
-        return {"Authorization": f"Bearer {self._token.access_token.get_secret_value()}"}
+    def _check_token(self, token: OAuthToken) -> None:
+        source = "NexusCRM instance_url from the token response"
+        _check_url(token.instance_url, source, self._credentials.allow_http)
+        if origin_of(token.instance_url) != origin_of(self._base_url):
+            raise NexusCrmResponseError(f"{source} is on another origin than the configured NexusCRM base URL; "
+                                        "this client may only call that origin")
 
     def _data_url(self, path: str) -> str:
-        if self._token is None:
+        if self._auth.instance_url is None:
             self.authenticate()
-        assert self._token is not None
-        return f"{self._token.instance_url.rstrip('/')}/services/data/{API_VERSION}{path}"
+        assert self._auth.instance_url is not None
+        return f"{self._auth.instance_url.rstrip('/')}/services/data/{API_VERSION}{path}"
 
     # -- retry core -------------------------------------------------------------------
 
-    def _send(self, endpoint: str, method: str, url: str, *, authed: bool, **kwargs: Any) -> tuple[httpx.Response, int]:
-        """Send with the section 11 policy; returns the first non-transient response and the
-        number of requests sent, or raises _Exhausted. 401 refreshes the token once."""
+    def _retrying(self, endpoint: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, int]:
+        """Section 11: retry timeouts, connection failures, 408, 429 and 5xx with capped
+        full-jitter backoff (a Retry-After wins); return the first other response and the
+        attempts made. Raises _Exhausted when the attempts run out, _Halted when the CRM
+        refused in a way no retry in this run can fix."""
         attempts = 0
-        refreshed = False
         while True:
-            headers = self._bearer() if authed else {}
             attempts += 1
-            self._calls[endpoint] += 1
             try:
-                response = self._http.request(method, url, headers=headers, **kwargs)
+                response = send()
+            except EgressRefused as exc:
+                raise NexusCrmConfigError(one_line(str(exc))) from None
+            except TokenUnavailable as exc:
+                failure = _Transient(f"TOKEN_HTTP_{exc.status}", exc.status, exc.retry_after)
+            except (AuthError, ApiLimitExceeded, NexusCrmResponseError, NexusCrmConfigError) as exc:
+                raise _Halted(exc) from None
             except httpx.TimeoutException:
+                self._auth.request_unanswered()
                 failure = _Transient("TIMEOUT", None, None)
             except (httpx.TransportError, httpx.DecodingError):
                 # Connection reset, protocol or proxy failure, or a body that cannot be decoded:
                 # the request may have been applied, so it is retried like a timeout.
+                self._auth.request_unanswered()
                 failure = _Transient("CONNECTION_ERROR", None, None)
             else:
+                self.api_usage = parse_limit_info(response.headers.get("Sforce-Limit-Info")) or self.api_usage
+                limited = limit_exceeded(endpoint, response)
+                if limited:
+                    raise _Halted(limited)
                 status = response.status_code
-                if authed and status == 401:
-                    if refreshed:
-                        raise AuthError(
-                            f"NexusCRM rejected a freshly issued token on {endpoint} (HTTP 401); "
-                            "check the integration user's API access"
-                        )
-                    refreshed = True
-                    self._token = None
-                    logger.info("nexuscrm %s got HTTP 401; refreshing the token once", endpoint)
-                    continue
                 if status not in _TRANSIENT_STATUSES and status < 500:
                     return response, attempts
                 failure = _Transient(f"HTTP_{status}", status, parse_retry_after(response.headers.get("Retry-After")))
-            self._calls[_failure_metric(failure.status)] += 1
             # A Retry-After beyond our cap is not waited out: the batch is retried in a later run.
             if attempts >= self._max_attempts or (failure.retry_after or 0) > self._max_backoff_s:
                 raise _Exhausted(failure, attempts)
@@ -439,6 +466,9 @@ class NexusCrmClient:
             )
             self._sleep(delay)
 
+    def _request(self, endpoint: str, method: str, url: str, **kwargs: Any) -> Callable[[], httpx.Response]:
+        return lambda: self._http.request(method, url, extensions={ENDPOINT: endpoint}, **kwargs)
+
     def _jitter(self, attempt: int) -> float:
         # Full jitter: uniform over [0, min(cap, base * 2^(attempt-1))].
         return self._rng.uniform(0.0, capped_exponential(attempt, self._base_backoff_s, self._max_backoff_s))
@@ -448,113 +478,131 @@ class NexusCrmClient:
     def describe(self, object_name: str) -> ObjectDescribe:
         url = self._data_url(f"/sobjects/{_check_api_name(object_name)}/describe")
         try:
-            response, _ = self._send("describe", "GET", url, authed=True)
+            response, _ = self._retrying("describe", self._request("describe", "GET", url))
         except _Exhausted as exc:
             raise NexusCrmUnavailable(
                 f"NexusCRM describe {object_name} failed with {exc.failure.code} on {exc.attempts} attempts; "
                 "try again later"
             ) from None
+        except _Halted as exc:
+            raise exc.cause from None
         if response.status_code == 404:
             raise ObjectNotFound(f"NexusCRM object {object_name} {_NOT_VISIBLE}")
         if response.status_code != 200:
-            code = _error_code(response) or "no error code"
+            code = error_code(response) or "no error code"
             raise NexusCrmResponseError(f"NexusCRM describe {object_name} failed (HTTP {response.status_code}, {code})")
         try:
             return ObjectDescribe.model_validate_json(response.content)
         except ValidationError as exc:
-            problem = _validation_problem(exc)
+            problem = validation_problem(exc)
             raise NexusCrmResponseError(f"NexusCRM describe {object_name} response is malformed ({problem})") from None
 
-    def preflight(self, object_name: str, external_id_field: str, owned_fields: Iterable[str]) -> ObjectDescribe:
-        """Verify the write contract before any write (seed 004 section 9); raises PreflightError
-        listing every problem."""
+    def preflight(self, object_name: str, contract: Iterable[FieldContract]) -> ObjectDescribe:
+        """Verify the write contract before any write (seed 004 section 9): the object, the
+        external ID field, and every owned field present, createable, updateable and as
+        declared (type, length, precision/scale, nillability). Raises PreflightError listing
+        every problem."""
         try:
             describe = self.describe(object_name)
         except ObjectNotFound:
             raise PreflightError(object_name, [f"object {_NOT_VISIBLE}"]) from None
         problems = []
-        key = describe.field(external_id_field)
-        if key is None:
-            problems.append(f"external id field {external_id_field} does not exist")
-        else:
-            for ok, what in (
-                (key.external_id, "marked External ID"),
-                (key.unique, "unique"),
-                (key.id_lookup, "an idLookup field"),
-            ):
-                if not ok:
-                    problems.append(f"external id field {external_id_field} is not {what}")
-        for name in sorted(set(owned_fields)):
-            spec = describe.field(name)
-            if spec is None:
-                problems.append(f"owned field {name} does not exist")
+        for spec in sorted(contract, key=lambda c: (not c.external_id, c.name)):
+            field = describe.field(spec.name)
+            role = "external id field" if spec.external_id else "owned field"
+            if field is None:
+                problems.append(f"{role} {spec.name} does not exist")
                 continue
-            for ok, what in ((spec.createable, "createable"), (spec.updateable, "updateable")):
-                if not ok:
-                    problems.append(f"owned field {name} is not {what}")
+            if spec.external_id:
+                problems += [f"external id field {spec.name} is not {what}" for ok, what in (
+                    (field.external_id, "marked External ID"), (field.unique, "unique"),
+                    (field.id_lookup, "an idLookup field")) if not ok]
+            problems += [f"{role} {spec.name} is not {what}" for ok, what in (
+                (field.createable, "createable"), (field.updateable, "updateable")) if not ok]
+            problems += spec.drift(field)
         if problems:
             raise PreflightError(object_name, problems)
         return describe
 
     # -- write ------------------------------------------------------------------------
 
-    def upsert_batch(
-        self, object_name: str, external_id_field: str, records: list[dict[str, Any]]
-    ) -> BatchWriteOutcome:
-        """Composite Collections Upsert with allOrNone=false. Returns one result per record, in
-        order; transient failures that outlast the retries come back as retryable results."""
+    def upsert_batch(self, object_name: str, external_id_field: str, records: list[dict[str, Any]], *,
+                     all_or_none: bool = False) -> BatchWriteOutcome:
+        """sObject Collections upsert. Returns one result per record, in order: transient
+        failures that outlast the retries, a rejected whole request, a spent API allocation
+        and an authentication failure come back as retryable results (the last three with
+        `stop_reason`)."""
         external_ids = _batch_external_ids(external_id_field, records)
         path = f"/composite/sobjects/{_check_api_name(object_name)}/{_check_api_name(external_id_field)}"
         url = self._data_url(path)
-        body = {"allOrNone": False, "records": [{"attributes": {"type": object_name}, **r} for r in records]}
-        started = time.monotonic()
+        body = encode_json({"allOrNone": all_or_none,
+                            "records": [{"attributes": {"type": object_name}, **r} for r in records]})
+        started, sent_before = time.monotonic(), self._counter.total("upsert")
         try:
-            response, attempts = self._send("upsert", "PATCH", url, authed=True, json=body)
+            response, _ = self._retrying("upsert", self._request(
+                "upsert", "PATCH", url, content=body, headers={"Content-Type": "application/json"}))
         except _Exhausted as exc:
             f = exc.failure
             what = "the request timed out or the connection failed" if f.status is None else f"HTTP {f.status}"
             message = f"{what} on {exc.attempts} attempts; the write may or may not have been applied"
             results = [_failure(x, f.code, message, retryable=True) for x in external_ids]
-            return _outcome(
-                started, results, None, exc.attempts, status=f.status, batch_error=f.code, retry_after=f.retry_after
-            )
-        if not 200 <= response.status_code < 300:
-            code = _error_code(response) or f"HTTP_{response.status_code}"
-            message = _error_message(response) or f"NexusCRM rejected the whole request (HTTP {response.status_code})"
-            results = [_failure(x, code, message) for x in external_ids]
-            return _outcome(started, results, response, attempts, batch_error=code)
-        results, created, usable = _normalize(external_ids, response.content)
-        batch_error = None if usable else "UNACCOUNTED"
-        return _outcome(started, results, response, attempts, created=created, batch_error=batch_error)
+            return self._outcome(started, sent_before, results, f.status, batch_error=f.code,
+                                 retry_after=f.retry_after)
+        except _Halted as exc:
+            return self._halted(started, sent_before, external_ids, exc.cause)
+        status = response.status_code
+        if not 200 <= status < 300:
+            # A request-level rejection (400 INVALID_FIELD, JSON_PARSER_ERROR, a 404, a
+            # redirect): a contract or code error. Nothing was written; the rows stay
+            # eligible for the next run (retry_after 0) and this run stops.
+            code = error_code(response) or f"HTTP_{status}"
+            message = _error_message(response) or "no message"
+            why = sanitize_error_message(f"NexusCRM rejected the whole upsert request (HTTP {status} {code}: {message})")
+            results = [_failure(x, code, why, retryable=True) for x in external_ids]
+            return self._outcome(started, sent_before, results, status, batch_error=code, retry_after=0.0,
+                                 stop_reason=f"{why}; a contract or code error: fix it, the rows stay eligible "
+                                             "for the next run")
+        results, usable = _normalize(external_ids, response.content)
+        return self._outcome(started, sent_before, results, status,
+                             batch_error=None if usable else "UNACCOUNTED")
+
+    def _halted(self, started: float, sent_before: int, external_ids: list[str],
+                cause: NexusCrmError) -> BatchWriteOutcome:
+        if isinstance(cause, ApiLimitExceeded):
+            # Nothing was written by the refused request; wait for the allocation, not a second.
+            results = [_failure(x, REQUEST_LIMIT_EXCEEDED, str(cause), retryable=True) for x in external_ids]
+            wait = max(cause.retry_after or 0.0, ALLOCATION_RETRY_S)
+            return self._outcome(started, sent_before, results, 403, batch_error=REQUEST_LIMIT_EXCEEDED,
+                                 retry_after=wait, stop_reason=str(cause))
+        # An authentication or contract failure, maybe after earlier attempts that were applied.
+        results = [_unaccounted(x, str(cause)) for x in external_ids]
+        return self._outcome(started, sent_before, results, None, batch_error=type(cause).__name__,
+                             stop_reason=str(cause))
+
+    def _outcome(self, started: float, sent_before: int, results: list[RecordWriteResult], status: int | None, *,
+                 batch_error: str | None = None, retry_after: float | None = None,
+                 stop_reason: str | None = None) -> BatchWriteOutcome:
+        return BatchWriteOutcome(
+            results=tuple(results), http_status=status, duration_ms=round((time.monotonic() - started) * 1000),
+            attempts=self._counter.total("upsert") - sent_before, limit_info=self.api_usage,
+            batch_error=batch_error, retry_after_s=retry_after, stop_reason=stop_reason)
 
 
-def _failure_metric(status: int | None) -> str:
-    if status is None:
-        return "transport_error"
-    return "status_5xx" if status >= 500 else f"status_{status}"
+def encode_json(value: Any) -> bytes:
+    """JSON with Decimal values written as exact JSON numbers (never through a float)."""
+    return _encode(value).encode("utf-8")
 
 
-def _outcome(
-    started: float,
-    results: list[RecordWriteResult],
-    response: httpx.Response | None,
-    attempts: int,
-    *,
-    status: int | None = None,
-    created: frozenset[str] = frozenset(),
-    batch_error: str | None = None,
-    retry_after: float | None = None,
-) -> BatchWriteOutcome:
-    return BatchWriteOutcome(
-        results=tuple(results),
-        created_external_ids=created,
-        http_status=response.status_code if response is not None else status,
-        duration_ms=round((time.monotonic() - started) * 1000),
-        attempts=attempts,
-        limit_info=parse_limit_info(response.headers.get("Sforce-Limit-Info")) if response is not None else None,
-        batch_error=batch_error,
-        retry_after_s=retry_after,
-    )
+def _encode(value: Any) -> str:
+    if type(value) is Decimal:
+        if not value.is_finite():
+            raise ValueError("a decimal must be finite")
+        return format(value, "f")
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(str(k))}:{_encode(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_encode(v) for v in value) + "]"
+    return json.dumps(value)
 
 
 def _batch_external_ids(external_id_field: str, records: list[dict[str, Any]]) -> list[str]:
@@ -588,20 +636,21 @@ def _unaccounted(external_id: str, why: str) -> RecordWriteResult:
     return _failure(external_id, "UNACCOUNTED", f"{why}; the write may or may not have been applied", retryable=True)
 
 
-def _normalize(external_ids: list[str], content: bytes) -> tuple[list[RecordWriteResult], frozenset[str], bool]:
-    """Match UpsertResults to requests by position (the API returns them in request order).
-    A body whose positions cannot be trusted leaves every record unaccounted; an unusable
-    item leaves only its own record unaccounted. Returns (results, created ids, body usable)."""
+def _normalize(external_ids: list[str], content: bytes) -> tuple[list[RecordWriteResult], bool]:
+    """Match UpsertResults to requests by position (Salesforce returns them in request
+    order; the caller checks what it can against its ledger). A body whose positions
+    cannot be trusted leaves every record unaccounted; an unusable item leaves only its
+    own record unaccounted. Returns (results, body usable)."""
     try:
         items = json.loads(content)
     except ValueError:
-        return [_unaccounted(x, "response body is not JSON") for x in external_ids], frozenset(), False
+        return [_unaccounted(x, "response body is not JSON") for x in external_ids], False
     if not isinstance(items, list) or len(items) != len(external_ids):
         why = "response is not a list"
         if isinstance(items, list):
             why = f"response has {len(items)} results for {len(external_ids)} records"
-        return [_unaccounted(x, why) for x in external_ids], frozenset(), False
-    results, created = [], set()
+        return [_unaccounted(x, why) for x in external_ids], False
+    results = []
     for external_id, raw in zip(external_ids, items, strict=True):
         try:
             item = _UpsertItem.model_validate(raw)
@@ -609,12 +658,11 @@ def _normalize(external_ids: list[str], content: bytes) -> tuple[list[RecordWrit
             results.append(_unaccounted(external_id, "response has no valid result for this record"))
             continue
         if item.success:
-            results.append(RecordWriteResult(external_id, True, item.id, None, None, False))
-            if item.created:
-                created.add(external_id)
+            results.append(RecordWriteResult(external_id, True, item.id, None, None, False, bool(item.created)))
         else:
             first = item.errors[0]
             code = first.statusCode if _IDENTIFIER.match(first.statusCode) else "UNKNOWN_ERROR"
-            message = " | ".join(f"{e.statusCode}: {e.message}" for e in item.errors)
+            # The code is the error_code column; the message keeps the CRM's words only.
+            message = " | ".join(e.message or e.statusCode for e in item.errors)
             results.append(_failure(external_id, code, message))
-    return results, frozenset(created), True
+    return results, True

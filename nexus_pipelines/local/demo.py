@@ -51,11 +51,16 @@ def run_demo(echo: Callable[[str], None]) -> int:
 
 def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
     from nexus_pipelines.integrations.bigquery import make_bigquery_client
-    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, serve_in_thread
+    from nexus_pipelines.local.simulators.nexuscrm import (
+        NexusCrmState,
+        build_nexuscrm_app,
+        rejects_negative,
+        serve_in_thread,
+    )
     from nexus_pipelines.writeback.execute import default_resources, run_in_process
-    from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
     from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+    from nexus_pipelines.writeback.report import records_command
 
     client = make_bigquery_client(bq_project, "US", info.bq_emulator_url)
     seed_source(client, SOURCE_DATASET, DEMO_ROWS, negative_every=REJECT_EVERY,
@@ -63,9 +68,11 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
     echo(f"seeded {DEMO_ROWS} Month End ARR rows in {bq_project}.{SOURCE_DATASET} "
          f"({DEMO_ROWS // REJECT_EVERY} with a negative ARR the CRM rejects)")
 
+    # The CRM object as the mapper declares it, with the org's rule against negative ARR.
+    obj = MonthEndArrMapper.TARGET_OBJECT
     state = NexusCrmState()
-    crm_metadata.define_object(state)
-    state.add_validation_rule(MonthEndArrMapper.TARGET_OBJECT, crm_metadata.reject_negative_arr)
+    state.define_object_from_contract(obj, MonthEndArrMapper.FIELDS, key_prefix="a0M")
+    state.add_validation_rule(obj, rejects_negative("ARR_Amount__c"))
     url, stop = serve_in_thread(build_nexuscrm_app(state))
     # Simulator credentials: demo values, not secrets; read through the named env vars.
     os.environ.update({"NEXUSCRM_BASE_URL": url, "NEXUSCRM_CLIENT_ID": state.client_id,
@@ -82,7 +89,6 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
                                      log_level="CRITICAL")  # the summary below reports each run
             upserts = state.calls().get("upsert", 0) - before
             outcomes.append((label, outcome, upserts, time.monotonic() - t0))
-            echo(f"{label}: {outcome.summary()}")
     finally:
         stop()
     echo("")
@@ -93,11 +99,14 @@ def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
              f"unchanged={c.get('unchanged', 0):<5} succeeded={c.get('succeeded', 0):<5} "
              f"failed={c.get('retryable_failed', 0) + c.get('permanently_failed', 0):<3} "
              f"upsert_calls={upserts:<3} ({seconds:.1f}s, exit code {o.exit_code})")
-        if o.error:
+        if o.rejected:
+            rejected = ", ".join(f"{external_id} ({code})" for external_id, code in o.rejected[:3])
+            echo(f"            rejected: {rejected}, ... ({c.get('permanently_failed', 0)} permanent in all)")
+        elif o.status == "failed" and o.error:
             echo(f"            error: {o.error}")
-    echo(f"  CRM now holds {len(state.records(MonthEndArrMapper.TARGET_OBJECT))} {MonthEndArrMapper.TARGET_OBJECT} records")
-    echo("  ledger: outbound_runs / outbound_records / outbound_record_attempts in the control plane "
-         "(NEXUS_PG_DSN above)")
+    echo(f"  CRM now holds {len(state.records(obj))} {obj} records")
+    echo(f"  every rejected row: . {info.env_file} && {records_command('month_end_arr', 'permanent_failed')}")
+    echo("  the runs (job writeback_month_end_arr_job): `make dev`, then http://127.0.0.1:3000/runs")
     ok = all(o.status in ("succeeded", "completed_with_errors") for _, o, _, _ in outcomes)
     return 0 if ok else 1
 

@@ -18,6 +18,12 @@ guard and their results are emitted as the run reaches them; a failed one ends t
 op before the CRM preflight's first write, so the NexusCRM asset is not
 materialized and the Dagster run fails. The UI shows the lineage, the checks with
 their history, and per-batch progress in the run log.
+
+Outputs are optional (`can_subset=True`) so that a run skipped because another holds
+the lease succeeds with its checks shown as skipped, not missing; a selection of only
+some of the assets is refused in one line, since the run is one critical section.
+A run that fails, or ends with record errors (section 11's non-zero exit), fails in
+Dagster with one line (`Failure`) whose metadata carries `JobResult.exit_code`.
 """
 
 
@@ -44,6 +50,7 @@ from nexus_pipelines.writeback.checks import CHECK_ASSET, writeback_check_specs
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, load_config
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.registry import JobDefinition
+from nexus_pipelines.writeback.report import policy_summary
 from nexus_pipelines.writeback.runner import (
     STAGE_CANDIDATES,
     STAGE_READINESS,
@@ -109,17 +116,23 @@ def build_writeback_assets(definition: JobDefinition):
                             "external_id_field": mapper.EXTERNAL_ID_FIELD}),
     ]
     check_asset_keys = {"readiness": keys["readiness"], "candidates": keys["candidates"], "validated": keys["validated"]}
+    check_specs = writeback_check_specs(check_asset_keys)
 
     @multi_asset(
         name=f"writeback_{job}",
         specs=specs,
-        check_specs=writeback_check_specs(check_asset_keys),
-        can_subset=False,
+        check_specs=check_specs,
+        can_subset=True,
         required_resource_keys={"control_plane", "bigquery", CRM_RESOURCE_KEY},
         op_tags={"nexus/writeback-job": job},
         description=definition.description,
     )
     def _writeback(context: AssetExecutionContext, config: WritebackRunConfig):
+        if (set(context.selected_asset_keys) != {spec.key for spec in specs}
+                or len(context.selected_asset_check_keys) != len(check_specs)):
+            raise Failure(description=f"the {job} writeback runs as a whole (one lease, one candidate table): "
+                                      f"materialize all of its assets, or launch writeback_{job}_job",
+                          allow_retries=False)
         try:
             loaded = load_config(config.config_path) if config.config_path else load_config(definition.config_path)
         except ConfigError as exc:
@@ -162,29 +175,20 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
             elif isinstance(event, JobResult):
                 result = event
     assert result is not None
+    meta = result_metadata(result, run_id, runner)
     if result.status in ("succeeded", "completed_with_errors"):
-        yield MaterializeResult(asset_key=keys["crm"], metadata=result_metadata(result, run_id, runner))
+        yield MaterializeResult(asset_key=keys["crm"], metadata=meta)
     elif result.status in ("dry_run", "skipped_already_running"):
         # Nothing was written: an observation, not a materialization of the CRM object.
-        context.log_event(AssetObservation(asset_key=keys["crm"], metadata=result_metadata(result, run_id, runner)))
-    if result.status == "skipped_already_running":
-        context.log.warning(f"{definition.name}: {result.error_message}; nothing was done (skipped_already_running)")
-        return
+        context.log_event(AssetObservation(asset_key=keys["crm"], metadata=meta))
     if result.status == "failed":
-        raise Failure(description=f"{definition.name} run {run_id} failed: {result.error_message}",
-                      metadata={"status": "failed", "run_id": run_id})
+        raise Failure(description=f"{definition.name} run {run_id} failed: {result.error_message}", metadata=meta,
+                      allow_retries=False)
     if result.exit_code != 0:
         # Section 11's non-zero exit: the CRM object is materialized with its evidence, and
         # the run fails so that schedules and run-failure alerts see it. Unchanged permanent
         # failures alone give exit code 0 and are not re-alerted.
-        raise Failure(
-            description=(
-                f"{definition.name} completed with errors: {result.retryable_failed} retryable, "
-                f"{result.permanently_failed} permanent ({result.new_permanent_failures} new, "
-                f"{result.blocking_failures} blocking), {result.deferred} waiting for retry"),
-            metadata={"status": result.status, "run_id": run_id},
-            allow_retries=False,
-        )
+        raise Failure(description=policy_summary(definition.name, result), metadata=meta, allow_retries=False)
 
 
 def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
@@ -192,6 +196,7 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
     p95 = commits[min(len(commits) - 1, int(len(commits) * 0.95))] if commits else 0.0
     meta = {
         "status": MetadataValue.text(result.status),
+        "exit_code": MetadataValue.int(result.exit_code),
         "run_id": MetadataValue.text(run_id),
         "selected": MetadataValue.int(result.selected),
         "unchanged": MetadataValue.int(result.unchanged),
@@ -205,7 +210,11 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
         "crm_calls": MetadataValue.int(result.crm_calls),
         "ledger_commit_p95_ms": MetadataValue.float(round(p95, 2)),
         "stage_seconds": MetadataValue.json({k: round(v, 3) for k, v in result.stage_seconds.items()}),
+        "crm_api_usage": MetadataValue.text(result.api_usage or "unknown"),
+        "first_rejected": MetadataValue.json([list(pair) for pair in result.rejected]),
     }
+    if result.error_message:
+        meta["error"] = MetadataValue.text(result.error_message)
     if result.status == "dry_run":
         meta["would_write"] = MetadataValue.int(result.would_write)
     return meta

@@ -110,7 +110,10 @@ class WriteConfig(_Strict):
     max_attempts: int = Field(default=5, ge=1, le=10)
     base_backoff_seconds: float = Field(default=1, ge=0, le=60)
     max_backoff_seconds: float = Field(default=30, ge=0, le=600)
-    lease_ttl_seconds: int = Field(default=900, ge=30, le=3600)
+    lease_ttl_seconds: int = Field(default=1800, ge=30, le=3600)
+    # Other integrations share the org's daily API allocation: the run stops before it
+    # would use the last `api_headroom_percent` of it (0: use it all).
+    api_headroom_percent: float = Field(default=0, ge=0, lt=100)
 
     @model_validator(mode="after")
     def _backoff(self) -> WriteConfig:

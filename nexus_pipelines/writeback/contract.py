@@ -44,6 +44,8 @@ class JobResult:
     crm_calls: int = 0
     error_message: str | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
+    api_usage: str | None = None  # the CRM's last Sforce-Limit-Info api-usage, "N/M"
+    rejected: tuple[tuple[str, str], ...] = ()  # the first rejected external IDs with their error codes
 
     @property
     def exit_code(self) -> int:

@@ -6,11 +6,17 @@ one set-based statement each, never one statement per record), and that
 transaction also renews the job lease under its fencing token: when the token is
 stale the attempt evidence is still kept, record state is left to the lease's
 current holder, and LeaseLost is raised so the run stops before its next batch.
+
+Each execution of a run has its own identity (`execution_id`): the job lease is owned
+by `<run_id>@<execution_id>`, so a second execution with the same run id is refused
+while the first one's lease is live, and every write to the run row is fenced by the
+execution that took it over.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -27,6 +33,17 @@ RECORD_STATUSES = ("succeeded", "retryable_failed", "permanent_failed")
 
 def lease_name(job_name: str) -> str:
     return f"{LEASE_PREFIX}{job_name}"
+
+
+def lease_owner(run_id: str, execution_id: str) -> str:
+    return f"{run_id}@{execution_id}"
+
+
+@dataclass(frozen=True)
+class LeaseHolder:
+    run_id: str
+    execution_id: str | None
+    expires_at: datetime
 
 
 @dataclass(frozen=True)
@@ -65,16 +82,29 @@ class BatchCounts:
     crm_calls: int = 0
 
 
+# A run row is taken over (a replay of a run id) only when the execution that wrote it
+# no longer holds a live lease.
 _START_RUN = """
-INSERT INTO outbound_runs (job_name, run_id, status, started_at, dry_run, options, lease_token,
-                           selected_rows, unchanged_rows, succeeded_rows, retryable_failed_rows, permanently_failed_rows)
-VALUES (%(job)s, %(run)s, %(status)s, clock_timestamp(), %(dry)s, %(options)s, %(token)s, 0, 0, 0, 0, 0)
+INSERT INTO outbound_runs AS r (job_name, run_id, status, started_at, dry_run, options, lease_token, execution_id,
+                                selected_rows, unchanged_rows, succeeded_rows, retryable_failed_rows,
+                                permanently_failed_rows)
+VALUES (%(job)s, %(run)s, 'running', clock_timestamp(), %(dry)s, %(options)s, %(token)s, %(execution)s,
+        0, 0, 0, 0, 0)
 ON CONFLICT (job_name, run_id) DO UPDATE
    SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, ended_at = NULL, error_message = NULL,
        dry_run = EXCLUDED.dry_run, options = EXCLUDED.options, lease_token = EXCLUDED.lease_token,
+       execution_id = EXCLUDED.execution_id, source_run_id = NULL, source_cutoff_at = NULL, crm_api_usage = NULL,
        selected_rows = 0, unchanged_rows = 0, succeeded_rows = 0, retryable_failed_rows = 0,
        permanently_failed_rows = 0, batches = 0, crm_calls = 0
+ WHERE NOT EXISTS (SELECT 1 FROM leases l
+                    WHERE l.lease_name = %(lease_name)s AND l.fencing_token = r.lease_token
+                      AND l.fencing_token IS DISTINCT FROM %(token)s AND l.expires_at > clock_timestamp())
 RETURNING started_at
+"""
+
+_LEASE_HOLDER = """
+SELECT owner_run_id, owner_execution_id, expires_at FROM outbound_job_leases
+ WHERE job_name = %s AND expires_at > clock_timestamp()
 """
 
 _SKIPPED_RUN = """
@@ -141,8 +171,9 @@ WITH lease AS (
            retryable_failed_rows = retryable_failed_rows + %(retry_n)s,
            permanently_failed_rows = permanently_failed_rows + %(perm)s,
            batches = batches + 1,
-           crm_calls = crm_calls + %(calls)s
-     WHERE job_name = %(job)s AND run_id = %(run)s AND (SELECT ok FROM fence)
+           crm_calls = crm_calls + %(calls)s,
+           crm_api_usage = COALESCE(%(usage)s, crm_api_usage)
+     WHERE job_name = %(job)s AND run_id = %(run)s AND execution_id = %(execution)s AND (SELECT ok FROM fence)
     RETURNING 1
 )
 SELECT (SELECT ok FROM fence), (SELECT expires_at FROM lease),
@@ -154,23 +185,30 @@ UPDATE outbound_runs
    SET status = %(status)s, ended_at = clock_timestamp(), error_message = %(message)s,
        selected_rows = %(selected)s, unchanged_rows = %(unchanged)s, succeeded_rows = %(succeeded)s,
        retryable_failed_rows = %(retryable)s, permanently_failed_rows = %(permanent)s,
-       batches = %(batches)s, crm_calls = %(calls)s
- WHERE job_name = %(job)s AND run_id = %(run)s
+       batches = %(batches)s, crm_calls = %(calls)s, crm_api_usage = COALESCE(%(usage)s, crm_api_usage)
+ WHERE job_name = %(job)s AND run_id = %(run)s AND execution_id = %(execution)s
 """
 
 
 class Ledger:
-    """Ledger access for one job and target object over one autocommit connection."""
+    """Ledger access for one job and target object over one autocommit connection; run
+    writes belong to `execution_id` (one execution of a run)."""
 
-    def __init__(self, conn: Connection, job_name: str, target_object: str) -> None:
+    def __init__(self, conn: Connection, job_name: str, target_object: str, execution_id: str | None = None) -> None:
         self.conn = conn
         self.job_name = job_name
         self.target_object = target_object
+        self.execution_id = execution_id or uuid.uuid4().hex[:12]
 
     # -- lease ------------------------------------------------------------------------
 
     def acquire_lease(self, run_id: str, ttl: timedelta) -> Lease | None:
-        return leases.acquire(self.conn, lease_name(self.job_name), run_id, ttl)
+        return leases.acquire(self.conn, lease_name(self.job_name), lease_owner(run_id, self.execution_id), ttl)
+
+    def lease_holder(self) -> LeaseHolder | None:
+        """Who holds the live job lease, if anyone."""
+        row = self.conn.execute(_LEASE_HOLDER, (self.job_name,)).fetchone()
+        return LeaseHolder(*row) if row else None
 
     def renew_lease(self, lease: Lease, ttl: timedelta) -> Lease:
         return leases.renew(self.conn, lease, ttl)
@@ -180,13 +218,16 @@ class Ledger:
 
     # -- runs -------------------------------------------------------------------------
 
-    def start_run(self, run_id: str, *, dry_run: bool, options: dict, lease_token: int | None) -> datetime:
+    def start_run(self, run_id: str, *, dry_run: bool, options: dict, lease_token: int | None) -> bool:
+        """Create or take over the run row for this execution; False when the run id's
+        row belongs to an execution whose lease is still live."""
         row = self.conn.execute(
             _START_RUN,
-            {"job": self.job_name, "run": run_id, "status": "running", "dry": dry_run,
-             "options": json.dumps(options, sort_keys=True), "token": lease_token},
+            {"job": self.job_name, "run": run_id, "execution": self.execution_id, "dry": dry_run,
+             "options": json.dumps(options, sort_keys=True), "token": lease_token,
+             "lease_name": lease_name(self.job_name)},
         ).fetchone()
-        return row[0]
+        return row is not None
 
     def record_skipped(self, run_id: str, *, dry_run: bool, options: dict, message: str) -> None:
         self.conn.execute(
@@ -197,23 +238,27 @@ class Ledger:
 
     def set_source(self, run_id: str, source_run_id: str | None, cutoff: datetime | None) -> None:
         self.conn.execute(
-            "UPDATE outbound_runs SET source_run_id = %s, source_cutoff_at = %s WHERE job_name = %s AND run_id = %s",
-            (source_run_id, cutoff, self.job_name, run_id),
+            "UPDATE outbound_runs SET source_run_id = %s, source_cutoff_at = %s "
+            "WHERE job_name = %s AND run_id = %s AND execution_id = %s",
+            (source_run_id, cutoff, self.job_name, run_id, self.execution_id),
         )
 
     def set_selection(self, run_id: str, selected: int, unchanged: int) -> None:
         self.conn.execute(
-            "UPDATE outbound_runs SET selected_rows = %s, unchanged_rows = %s WHERE job_name = %s AND run_id = %s",
-            (selected, unchanged, self.job_name, run_id),
+            "UPDATE outbound_runs SET selected_rows = %s, unchanged_rows = %s "
+            "WHERE job_name = %s AND run_id = %s AND execution_id = %s",
+            (selected, unchanged, self.job_name, run_id, self.execution_id),
         )
 
-    def finish_run(self, run_id: str, status: str, *, selected: int, unchanged: int, succeeded: int, retryable: int,
-                   permanent: int, batches: int, crm_calls: int, error_message: str | None) -> None:
+    def finish_run(self, run_id: str, status: str, *, selected: int, unchanged: int,
+                   succeeded: int, retryable: int, permanent: int, batches: int, crm_calls: int,
+                   error_message: str | None, api_usage: str | None = None) -> None:
         self.conn.execute(
             _FINISH_RUN,
             {"status": status, "message": error_message, "selected": selected, "unchanged": unchanged,
              "succeeded": succeeded, "retryable": retryable, "permanent": permanent, "batches": batches,
-             "calls": crm_calls, "job": self.job_name, "run": run_id},
+             "calls": crm_calls, "usage": api_usage, "job": self.job_name, "run": run_id,
+             "execution": self.execution_id},
         )
 
     def run_row(self, run_id: str) -> dict | None:
@@ -233,12 +278,14 @@ class Ledger:
         return {r[0]: RecordState(*r) for r in rows}
 
     def commit_batch(self, run_id: str, batch_id: str, lease: Lease | None, lease_ttl: timedelta,
-                     outcomes: Sequence[AttemptOutcome], counts: BatchCounts) -> Lease | None:
+                     outcomes: Sequence[AttemptOutcome], counts: BatchCounts,
+                     api_usage: str | None = None) -> Lease | None:
         """Persist one API batch atomically, in one statement; returns the renewed lease.
         Raises LeaseLost (with the attempt evidence committed) when the fencing token is stale."""
         o = outcomes
         params = {
             "job": self.job_name, "object": self.target_object, "run": run_id, "batch": batch_id,
+            "execution": self.execution_id, "usage": api_usage,
             "fenced": lease is not None, "lease_name": lease.name if lease else None,
             "token": lease.token if lease else None, "ttl": lease_ttl,
             "ids": [x.external_id for x in o], "hashes": [x.payload_hash for x in o],

@@ -1,10 +1,13 @@
 """Mapper base types, normalization helpers and the field-ownership contract
 (seed 004 section 8).
 
-A job's mapper is the single source of truth for the target object, the external
-ID field, the owned fields and the source columns it reads. It is pure and
-deterministic: the runner calls it once in the validation pass and again in the
-write pass.
+A job's mapper is the single source of truth for the target object, the owned fields
+with their type and limits (`FIELDS`, one `FieldContract` each, the external ID field
+among them), and the source columns it reads. The same declaration is compared with
+the CRM's describe in the preflight, bounds every value the mapper emits (text length
+and control characters, date formats, decimal precision/scale) and builds the
+simulator's object. The mapper is pure and deterministic: the runner calls it once in
+the validation pass and again in the write pass.
 
 Omitted versus null: a mapper leaves a key out to keep the CRM value; it emits
 `None` only for a field listed in `CLEARABLE_FIELDS` (the source owns clearing it).
@@ -19,7 +22,8 @@ from datetime import UTC, date, datetime
 from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any, ClassVar
 
-from nexus_pipelines.writeback.hashing import canonical_value, canonical_payload_hash
+from nexus_pipelines.integrations.nexuscrm import NUMBER_TYPES, FieldContract
+from nexus_pipelines.writeback.hashing import canonical_payload_hash
 
 EXTERNAL_ID_COLUMN = "_outbound_external_id"
 SOURCE_VERSION_COLUMN = "_outbound_source_version"
@@ -35,6 +39,10 @@ SERVER_MANAGED_FIELDS = frozenset(
     {"Id", "CreatedDate", "CreatedById", "LastModifiedDate", "LastModifiedById", "SystemModstamp", "IsDeleted", "OwnerId"}
 )
 _FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+# C0 controls but tab, newline and carriage return; DEL; lone surrogates (not UTF-8).
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+_UTC_DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{3})?Z$")
 
 # BigQuery types a column may arrive as, by the type the mapper declares.
 _COMPATIBLE_TYPES: dict[str, frozenset[str]] = {
@@ -71,14 +79,26 @@ class MappedRecord:
 
 
 class Mapper:
-    """Base class of a job's mapper. Subclasses set the class constants and `map_row`."""
+    """Base class of a job's mapper. Subclasses set TARGET_OBJECT, FIELDS,
+    CLEARABLE_FIELDS, SOURCE_COLUMNS and `map_row`; OWNED_FIELDS and EXTERNAL_ID_FIELD
+    follow from FIELDS."""
 
     TARGET_OBJECT: ClassVar[str]
-    EXTERNAL_ID_FIELD: ClassVar[str]
-    OWNED_FIELDS: ClassVar[frozenset[str]]
+    FIELDS: ClassVar[tuple[FieldContract, ...]]
     CLEARABLE_FIELDS: ClassVar[frozenset[str]] = frozenset()
     # Source columns the mapper reads, with their BigQuery type ("STRING", "NUMERIC", ...).
     SOURCE_COLUMNS: ClassVar[Mapping[str, str]]
+    OWNED_FIELDS: ClassVar[frozenset[str]]
+    EXTERNAL_ID_FIELD: ClassVar[str]
+    _CONTRACT: ClassVar[dict[str, FieldContract]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "FIELDS" in cls.__dict__:
+            cls._CONTRACT = {f.name: f for f in cls.FIELDS}
+            cls.OWNED_FIELDS = frozenset(cls._CONTRACT)
+            keys = [f.name for f in cls.FIELDS if f.external_id]
+            cls.EXTERNAL_ID_FIELD = keys[0] if len(keys) == 1 else ""
 
     def map_row(self, row: Mapping[str, Any]) -> dict[str, Any]:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -88,18 +108,21 @@ class Mapper:
     @classmethod
     def check_declaration(cls) -> None:
         """The mapper's own constants are coherent (run once when a job is registered)."""
-        for name in (cls.TARGET_OBJECT, cls.EXTERNAL_ID_FIELD, *cls.OWNED_FIELDS):
-            if not _FIELD_NAME.match(name):
-                raise ValueError(f"{cls.__name__}: {name!r} is not a NexusCRM API name")
-        if cls.EXTERNAL_ID_FIELD not in cls.OWNED_FIELDS:
-            raise ValueError(f"{cls.__name__}: OWNED_FIELDS must include the external ID field")
+        if not _FIELD_NAME.match(cls.TARGET_OBJECT):
+            raise ValueError(f"{cls.__name__}: {cls.TARGET_OBJECT!r} is not a NexusCRM API name")
+        if len(cls._CONTRACT) != len(cls.FIELDS):
+            raise ValueError(f"{cls.__name__}: FIELDS declares a field twice")
+        if not cls.EXTERNAL_ID_FIELD:
+            raise ValueError(f"{cls.__name__}: FIELDS must declare exactly one external ID field")
         managed = cls.OWNED_FIELDS & SERVER_MANAGED_FIELDS
         if managed:
             raise ValueError(f"{cls.__name__}: server-managed fields cannot be owned: {sorted(managed)}")
-        if not cls.CLEARABLE_FIELDS <= cls.OWNED_FIELDS:
-            raise ValueError(f"{cls.__name__}: CLEARABLE_FIELDS must be owned fields")
         if cls.EXTERNAL_ID_FIELD in cls.CLEARABLE_FIELDS:
             raise ValueError(f"{cls.__name__}: the external ID field cannot be clearable")
+        if not cls.CLEARABLE_FIELDS <= cls.OWNED_FIELDS:
+            raise ValueError(f"{cls.__name__}: CLEARABLE_FIELDS must be owned fields")
+        if any(not cls._CONTRACT[name].nillable for name in cls.CLEARABLE_FIELDS):
+            raise ValueError(f"{cls.__name__}: a clearable field must be declared nillable")
 
     @classmethod
     def required_columns(cls) -> dict[str, str]:
@@ -125,6 +148,10 @@ class Mapper:
         version = row.get(SOURCE_VERSION_COLUMN)
         if version is not None and not isinstance(version, str):
             raise MappingError(external_id, SOURCE_VERSION_COLUMN, f"expected STRING, got {type(version).__name__}")
+        for column, text in ((EXTERNAL_ID_COLUMN, external_id), (SOURCE_VERSION_COLUMN, version or "")):
+            problem = _control_problem(text)
+            if problem:  # both go into the ledger, where Postgres refuses NUL
+                raise MappingError(external_id, column, problem)
         try:
             payload = self.map_row(row)
         except MappingError as exc:
@@ -136,27 +163,27 @@ class Mapper:
         return MappedRecord(external_id, version, payload, digest)
 
     def check_ownership(self, external_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+        """The payload inside the declared ownership and field contract, values unchanged
+        (Decimal stays Decimal: it goes out as an exact JSON number)."""
         if not isinstance(payload, Mapping):
             raise OwnershipError(external_id, "<payload>", "mapper must return a mapping")
-        out: dict[str, Any] = {}
-        owned, clearable = self.OWNED_FIELDS, self.CLEARABLE_FIELDS
+        contract, clearable = self._CONTRACT, self.CLEARABLE_FIELDS
         for key, value in payload.items():
-            if key not in owned:
+            spec = contract.get(key)
+            if spec is None:
                 reason = ("server-managed fields are never emitted" if key in SERVER_MANAGED_FIELDS
                           else "field is outside the declared OWNED_FIELDS")
                 raise OwnershipError(external_id, key, reason)
-            if value is None and key not in clearable:
-                raise OwnershipError(external_id, key, "null emitted for a field the source does not own clearing")
-            if type(value) is str or value is None:
-                out[key] = value
+            if value is None:
+                if key not in clearable:
+                    raise OwnershipError(external_id, key, "null emitted for a field the source does not own clearing")
                 continue
-            try:
-                out[key] = canonical_value(value)
-            except TypeError as exc:
-                raise OwnershipError(external_id, key, str(exc)) from None
-        if out.get(self.EXTERNAL_ID_FIELD) != external_id:
+            problem = _VALUE_CHECKS[spec.type](value, spec)
+            if problem:
+                raise MappingError(external_id, key, problem)
+        if payload.get(self.EXTERNAL_ID_FIELD) != external_id:
             raise OwnershipError(external_id, self.EXTERNAL_ID_FIELD, "must equal _outbound_external_id")
-        return out
+        return dict(payload)
 
 
 # -- normalization helpers ---------------------------------------------------------
@@ -233,11 +260,64 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
     return quantized
 
 
-def bounded_text(value: Any, field: str, *, max_length: int, allow_empty: bool = False) -> str:
-    if not isinstance(value, str):
-        raise MappingError(None, field, f"expected STRING, got {type(value).__name__}")
-    if not allow_empty and not value.strip():
-        raise MappingError(None, field, "empty string")
-    if len(value) > max_length:
-        raise MappingError(None, field, f"longer than {max_length} characters; refusing to truncate")
-    return value
+def printable(text: str) -> str:
+    """`text` with control characters written as escapes, to name a row safely."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _control_problem(text: str) -> str | None:
+    match = _CONTROL.search(text)
+    return f"contains a control character (U+{ord(match.group()):04X})" if match else None
+
+
+def _text_problem(value: Any, spec: FieldContract) -> str | None:
+    if type(value) is not str:
+        return f"expected text, got {type(value).__name__}"
+    if not value:
+        return "empty string (the CRM stores it as null; emit None to clear a clearable field)"
+    if len(value) > spec.length:
+        return f"longer than {spec.length} characters; refusing to truncate"
+    return _control_problem(value)
+
+
+def _number_problem(value: Any, spec: FieldContract) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
+        return f"expected a number (Decimal or int), got {type(value).__name__}"
+    sign, digits, exponent = Decimal(value).as_tuple()
+    if not isinstance(exponent, int):
+        return "expected a finite decimal"
+    decimals = max(-exponent, 0)
+    if decimals > spec.scale and any(digits[len(digits) - decimals + spec.scale:]):
+        return f"has more than {spec.scale} decimal places; refusing to round"
+    if any(digits) and len(digits) + exponent > spec.precision - spec.scale:
+        return f"exceeds precision {spec.precision} (scale {spec.scale})"
+    return None
+
+
+def _well_formed(value: Any, pattern: re.Pattern[str], parse: Any) -> bool:
+    """Text in `pattern`'s shape that `parse` accepts (a real calendar date and time)."""
+    if type(value) is not str or not pattern.match(value):
+        return False
+    try:
+        parse(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _date_problem(value: Any, spec: FieldContract) -> str | None:
+    return None if _well_formed(value, _DATE, date.fromisoformat) else "expected a date as YYYY-MM-DD"
+
+
+def _datetime_problem(value: Any, spec: FieldContract) -> str | None:
+    if _well_formed(value, _UTC_DATETIME, datetime.fromisoformat):
+        return None
+    return "expected a UTC datetime as YYYY-MM-DDTHH:MM:SS.sssZ"
+
+
+def _boolean_problem(value: Any, spec: FieldContract) -> str | None:
+    return None if type(value) is bool else f"expected a boolean, got {type(value).__name__}"
+
+
+_VALUE_CHECKS = {"string": _text_problem, "date": _date_problem, "datetime": _datetime_problem,
+                 "boolean": _boolean_problem, **{kind: _number_problem for kind in NUMBER_TYPES}}

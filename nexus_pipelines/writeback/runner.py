@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -34,22 +32,24 @@ import psycopg
 from google.api_core import exceptions as gexc
 from google.cloud import bigquery
 
-from nexus_pipelines.backoff import capped_exponential
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
+    ApiLimit,
     NexusCrmClient,
     NexusCrmCredentials,
     NexusCrmError,
-    is_blocking,
     sanitize_error_message,
 )
+from nexus_pipelines.writeback.batch import Pending, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
-from nexus_pipelines.writeback.ledger import AttemptOutcome, BatchCounts, Ledger, RecordState, prune_attempts
+from nexus_pipelines.writeback.ledger import Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
-from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
+from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError, printable
+from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
 from nexus_pipelines.writeback.source import (
+    CandidateTable,
     Readiness,
     SourceError,
     WarehouseTimer,
@@ -59,6 +59,7 @@ from nexus_pipelines.writeback.source import (
     freshness_problem,
     iter_candidate_pages,
     materialize_candidates,
+    missing_external_ids,
     run_readiness,
 )
 
@@ -85,6 +86,7 @@ STAGE_CLEANUP = "cleanup"
 
 PAGE_SIZE = 5000  # validation pass: throughput
 WRITE_PAGE_SIZE = 1000  # write pass: one page is read and mapped within one CRM call
+REJECTED_SAMPLE = 5  # rejected external IDs a run reports by name
 
 
 class RunFailed(RuntimeError):
@@ -131,18 +133,23 @@ def decide(record: MappedRecord, prior: RecordState | None, *, now: datetime, fo
     return "deferred"
 
 
-def default_crm_factory(config: LoadedConfig) -> NexusCrmClient:
-    """Compose the real client from the named environment variables (the only place
-    secret values are read)."""
+def crm_credentials(config: LoadedConfig) -> NexusCrmCredentials:
+    """The CRM credentials from the environment variables the config names (the only
+    place secret values are read); raises ConfigError or NexusCrmConfigError, one line."""
     import os
 
     target = config.config.target
     base_url = os.environ.get(target.base_url_env, "").strip()
     if base_url:
         check_target_url(base_url, local_mode=target.local_mode)
-    credentials = NexusCrmCredentials.from_env(
+    return NexusCrmCredentials.from_env(
         target.base_url_env, target.client_id_env, target.client_secret_env, allow_http=target.local_mode
     )
+
+
+def default_crm_factory(config: LoadedConfig) -> NexusCrmClient:
+    """Compose the real client from the named environment variables."""
+    credentials = crm_credentials(config)
     w = config.config.write
     return NexusCrmClient(credentials, max_attempts=w.max_attempts, base_backoff_s=w.base_backoff_seconds,
                           max_backoff_s=w.max_backoff_seconds)
@@ -185,11 +192,12 @@ class Runner:
         self.loaded = config
         self.config = config.config
         self.bq = bq
-        self.ledger = Ledger(conn, job_name, mapper.TARGET_OBJECT)
+        self.ledger = Ledger(conn, job_name, mapper.TARGET_OBJECT)  # one execution, its own identity
+        self.execution_id = self.ledger.execution_id
         self.crm_factory = crm_factory
         self.page_size = page_size
         self.write_page_size = write_page_size
-        self._gate: _Gate | None = None
+        self._gate: Gate | None = None
         self.prefetch_pages = prefetch_pages
         self.log = log or logger
         self.warehouse = WarehouseTimer()
@@ -199,6 +207,8 @@ class Runner:
         self._last_renew = 0.0
         self.table_id: str | None = None
         self.readiness: Readiness | None = None
+        self.api_usage: ApiLimit | None = None  # the CRM's last Sforce-Limit-Info
+        self.rejected: list[tuple[str, str]] = []  # the first rejected external IDs, with error codes
 
     # -- public -----------------------------------------------------------------------
 
@@ -219,22 +229,17 @@ class Runner:
         if not context.dry_run:
             self.lease = self.ledger.acquire_lease(context.run_id, ttl)
             if self.lease is None:
-                holder = self.ledger.conn.execute(
-                    "SELECT owner_run_id FROM outbound_job_leases WHERE job_name = %s", (self.job_name,)
-                ).fetchone()
-                message = f"another run holds the {self.job_name} lease" + (f" ({holder[0]})" if holder else "")
-                self.ledger.record_skipped(context.run_id, dry_run=False, options=options, message=message)
-                self._event("run_skipped", context, reason="lease_held")
-                yield Progress(f"skipped: {message}")
-                yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
+                yield from self._lease_held(context, options)
                 return
             self._last_renew = time.monotonic()
         status: str = "failed"
         error: str | None = None
         crm: NexusCrmClient | None = None
         try:
-            self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
-                                  lease_token=self.lease.token if self.lease else None)
+            if not self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
+                                         lease_token=self.lease.token if self.lease else None):
+                raise RunFailed(f"run {context.run_id} is already executing; wait for it to finish, or pick "
+                                "another --run-id")
             crm = yield from self._steps(context, counts)
             status = self._final_status(context, counts)
         except _CheckFailed as exc:
@@ -250,11 +255,42 @@ class Runner:
         result = self._finish(context, status, counts, error, crm)
         yield result
 
+    def _lease_held(self, context: JobContext, options: dict) -> Iterator[Event]:
+        """Another execution holds the job lease: the same run id is refused (its run row
+        is not touched), another run id is skipped (section 10: skipped_already_running)."""
+        holder = self.ledger.lease_holder()
+        until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S} UTC" if holder else ""
+        if holder is not None and holder.run_id == context.run_id:
+            message = (f"run {context.run_id} is already executing (execution {holder.execution_id} holds the "
+                       f"{self.job_name} lease until {until}); wait for it to finish, or pick another --run-id")
+            self._event("run_refused", context, level=logging.WARNING, reason="run_id_executing")
+            yield JobResult("failed", 0, 0, 0, 0, 0, error_message=message)
+            return
+        message = f"another run holds the {self.job_name} lease" + (
+            f" ({holder.run_id}, until {until})" if holder else "")
+        self.ledger.record_skipped(context.run_id, dry_run=False, options=options, message=message)
+        self._event("run_skipped", context, reason="lease_held")
+        yield Progress(f"skipped_already_running: {message}")
+        yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
+
     # -- steps ------------------------------------------------------------------------
 
     def _steps(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        yield from self._check_source(context)  # 3
+        crm = yield from self._preflight()  # 4
+        table = yield from self._candidates(context, counts)  # 5, 6a
+        db_now = yield from self._validate(context, counts, table)  # 6b
+        total_batches = math.ceil(counts.to_write / self.config.write.batch_size)
+        yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
+                       f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
+        if context.dry_run or counts.to_write == 0:
+            return crm  # nothing to send: no second pass over the candidates
+        yield from self._write_pass(context, counts, crm, db_now, total_batches)  # 7, 8
+        return crm
+
+    def _check_source(self, context: JobContext) -> Iterator[Event]:
+        """Step 3: readiness and freshness."""
         cfg = self.config
-        # 3. readiness and freshness
         started = time.perf_counter()
         readiness = run_readiness(self.bq, self.loaded.readiness_sql(), location=cfg.source.location,
                                   timer=self.warehouse)
@@ -277,26 +313,37 @@ class Runner:
         if stale:
             raise _CheckFailed(stale)
 
-        # 4. authentication and preflight, before anything is selected or written
+    def _preflight(self) -> Iterator[Event]:
+        """Step 4: authentication and the field contract, before anything is selected or written."""
         started = time.perf_counter()
         crm = self.crm_factory(self.loaded)
         self._crm = crm
         crm.authenticate()
-        crm.preflight(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD, self.mapper.OWNED_FIELDS)
-        yield self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT})
+        crm.preflight(self.mapper.TARGET_OBJECT, self.mapper.FIELDS)
+        self.api_usage = crm.api_usage
+        yield self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT,
+                                                     "crm_api_usage": str(self.api_usage or "unknown")})
+        return crm
 
-        # 5. the run-scoped candidate table
+    def _candidates(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        """Steps 5 and 6a: the run-scoped candidate table, every canary id in it, and the
+        set-based key checks."""
+        cfg = self.config
         started = time.perf_counter()
-        self.table_id = candidate_table_id(cfg.state.project, cfg.state.dataset, self.job_name, context.run_id)
+        self.table_id = candidate_table_id(cfg.state.project, cfg.state.dataset, self.job_name, context.run_id,
+                                           self.execution_id)
         table = materialize_candidates(self.bq, self.table_id, self.loaded.source_sql(),
                                        external_ids=context.external_ids, location=cfg.source.location,
                                        timer=self.warehouse)
         counts.selected = table.row_count
         yield self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
         yield Progress(f"candidate table: {table.row_count} rows")
+        if context.external_ids and table.row_count < len(set(context.external_ids)):
+            missing = missing_external_ids(self.bq, self.table_id, context.external_ids,
+                                           location=cfg.source.location, timer=self.warehouse)
+            raise RunFailed(f"{len(missing)} of the {len(set(context.external_ids))} external IDs asked for "
+                            f"are not in the source: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
         self._heartbeat()
-
-        # 6a. set-based key checks and the source schema
         started = time.perf_counter()
         keys = check_keys(self.bq, self.table_id, location=cfg.source.location, timer=self.warehouse)
         yield self._stage(STAGE_KEYS, started)
@@ -315,8 +362,12 @@ class Runner:
             raise _CheckFailed("; ".join(c for c, ok in (
                 (f"{keys.null_or_empty} null or empty external IDs", null_ok),
                 (f"{keys.duplicate_ids} duplicate external IDs", unique_ok)) if not ok))
+        return table
 
-        # 6b. the no-write validation pass (also counts what the write pass will send)
+    def _validate(self, context: JobContext, counts: _Counts, table: CandidateTable) -> Iterator[Event]:
+        """Step 6b: the no-write validation pass (every row mapped and hashed; it also counts
+        what the write pass will send). Returns the database time the decisions used."""
+        cfg = self.config
         started = time.perf_counter()
         schema_problems = self.mapper.schema_problems(table.schema)
         errors: list[str] = []
@@ -325,7 +376,7 @@ class Runner:
         if not schema_problems:
             pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
                                          location=cfg.source.location, timer=self.warehouse)
-            for page in _prefetch(pages, self.prefetch_pages):  # the next page is read while this one maps
+            for page in prefetch(pages, self.prefetch_pages):  # the next page is read while this one maps
                 mapped: list[MappedRecord] = []
                 for row in page:
                     try:
@@ -333,7 +384,7 @@ class Runner:
                     except MappingError as exc:
                         error_count += 1
                         if len(errors) < 10:
-                            who = redact_id(exc.external_id) if exc.external_id else "?"
+                            who = printable(exc.external_id) if exc.external_id else "?"
                             errors.append(f"row {who}: {exc}")
                 states = self.ledger.read_states([m.external_id for m in mapped])
                 for m in mapped:
@@ -359,15 +410,7 @@ class Runner:
         if not valid:
             raise _CheckFailed(description)
         self.ledger.set_selection(context.run_id, counts.selected, counts.unchanged + counts.deferred)
-        total_batches = math.ceil(counts.to_write / cfg.write.batch_size)
-        yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
-                       f"{counts.unchanged} unchanged, {counts.deferred} waiting for their retry time")
-        if context.dry_run or counts.to_write == 0:
-            return crm  # nothing to send: no second pass over the candidates
-
-        # 7 + 8. state read and batched writes
-        yield from self._write_pass(context, counts, crm, db_now, total_batches)
-        return crm
+        return db_now
 
     def _write_pass(self, context: JobContext, counts: _Counts, crm: NexusCrmClient, now: datetime,
                     total_batches: int) -> Iterator[Event]:
@@ -379,7 +422,7 @@ class Runner:
         crm_s = 0.0
         ledger_s = 0.0
 
-        gate = self._gate = _Gate()
+        gate = self._gate = Gate()
 
         def produce() -> Iterator[list[tuple[MappedRecord, RecordState | None]]]:
             # Runs on the prefetch thread: read a page, map it again, read its states. Each
@@ -387,7 +430,7 @@ class Runner:
             # this thread's CPU work does not compete with the ledger commits.
             pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.write_page_size,
                                          location=cfg.source.location, timer=self.warehouse)
-            for page in _gated(pages, gate):
+            for page in gated(pages, gate):
                 t = time.perf_counter()
                 mapped = [self.mapper.map_record(row) for row in page]
                 mapping_s[0] += time.perf_counter() - t
@@ -405,7 +448,7 @@ class Runner:
         batch: list[tuple[MappedRecord, RecordState | None]] = []
         with _reader_connection(self.ledger) as reader:
             self.ledger_reader = reader
-            for chosen in _prefetch(produce(), self.prefetch_pages, gate):
+            for chosen in prefetch(produce(), self.prefetch_pages, gate):
                 self._heartbeat()  # pages with nothing to send must not let the lease lapse
                 for item in chosen:
                     batch.append(item)
@@ -423,12 +466,13 @@ class Runner:
         self.stage_seconds[STAGE_CRM] = crm_s
         self.stage_seconds[STAGE_LEDGER] = ledger_s
 
-    def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[tuple[MappedRecord, RecordState | None]],
-              counts: _Counts, total_batches: int, ttl: timedelta) -> Iterator[Event]:
+    def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[Pending], counts: _Counts,
+              total_batches: int, ttl: timedelta) -> Iterator[Event]:
         cfg = self.config.write
         self._heartbeat(force=False)
         number = counts.batches + 1
-        batch_id = f"{context.run_id}:{number:06d}"
+        self._check_headroom(number, total_batches)
+        batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
         started = time.perf_counter()
         if self._gate is not None:
             self._gate.set(crm=True)
@@ -439,61 +483,61 @@ class Runner:
             if self._gate is not None:
                 self._gate.set(crm=False)
         crm_seconds = time.perf_counter() - started
-        outcomes: list[AttemptOutcome] = []
-        b = BatchCounts(crm_calls=outcome.attempts)
-        ok = retry = perm = 0
-        codes: dict[str, int] = {}
-        for (m, prior), r in zip(batch, outcome.results, strict=True):
-            if r.external_id != m.external_id:
-                raise RunFailed("NexusCRM client returned results out of request order")
-            same_payload = prior is not None and prior.payload_hash == m.payload_hash
-            attempt = prior.attempt_count + 1 if same_payload else 1
-            delay = None
-            if r.success:
-                status = "succeeded"
-                ok += 1
-            elif r.retryable:
-                status = "retryable_failed"
-                retry += 1
-                delay = outcome.retry_after_s if outcome.retry_after_s is not None else capped_exponential(
-                    attempt, cfg.base_backoff_seconds, cfg.max_backoff_seconds)
-            else:
-                status = "permanent_failed"
-                perm += 1
-                if not (same_payload and prior.status == "permanent_failed"):
-                    counts.new_permanent += 1
-                if is_blocking(r.error_code):
-                    counts.blocking += 1
-                    self._event("blocking_failure", context, level=logging.ERROR, batch_id=batch_id,
-                                error_code=r.error_code, external_id_hash=redact_id(m.external_id))
-            if r.error_code:
-                codes[r.error_code] = codes.get(r.error_code, 0) + 1
-            outcomes.append(AttemptOutcome(
-                m.external_id, m.payload_hash, m.source_version, attempt, status, r.crm_record_id,
-                outcome.http_status, r.error_code,
-                sanitize_error_message(r.error_message) if r.error_message else None,
-                outcome.duration_ms, delay))
-        b = replace(b, succeeded=ok, retryable_failed=retry, permanently_failed=perm)
+        self.api_usage = outcome.limit_info or self.api_usage
+        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds)
         started = time.perf_counter()
         try:
-            self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, outcomes, b)
+            self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, settled.outcomes,
+                                                  settled.counts, api_usage=self._usage_text())
         finally:
             ledger_seconds = time.perf_counter() - started
             self.ledger_commit_ms.append(ledger_seconds * 1000)
         self._last_renew = time.monotonic()
+        b = settled.counts
         counts.batches += 1
         counts.crm_calls += outcome.attempts
-        counts.succeeded += ok
-        counts.retryable += retry
-        counts.permanent += perm
-        rejected = retry + perm
-        self._event("batch_committed", context, batch_id=batch_id, batch_size=len(batch), succeeded=ok,
-                    retryable_failed=retry, permanently_failed=perm, http_status=outcome.http_status,
-                    crm_attempts=outcome.attempts, crm_ms=round(crm_seconds * 1000),
-                    ledger_ms=round(ledger_seconds * 1000, 2), error_codes=codes, batch_error=outcome.batch_error)
-        yield Progress(f"batch {number}/{max(total_batches, number)}: {ok} ok, {rejected} rejected"
+        counts.succeeded += b.succeeded
+        counts.retryable += b.retryable_failed
+        counts.permanent += b.permanently_failed
+        counts.new_permanent += settled.new_permanent
+        counts.blocking += len(settled.blocking)
+        self.rejected += settled.rejected[:REJECTED_SAMPLE - len(self.rejected)]
+        for external_id, code in settled.blocking:
+            self._event("blocking_failure", context, level=logging.ERROR, batch_id=batch_id, error_code=code,
+                        external_id_hash=redact_id(external_id))
+        self._event("batch_committed", context, batch_id=batch_id, batch_size=len(batch), succeeded=b.succeeded,
+                    retryable_failed=b.retryable_failed, permanently_failed=b.permanently_failed,
+                    http_status=outcome.http_status, crm_attempts=outcome.attempts, crm_ms=round(crm_seconds * 1000),
+                    ledger_ms=round(ledger_seconds * 1000, 2), error_codes=settled.codes,
+                    batch_error=outcome.batch_error, crm_api_usage=self._usage_text())
+        codes = settled.codes
+        yield Progress(f"batch {number}/{max(total_batches, number)}: {b.succeeded} ok, "
+                       f"{b.retryable_failed + b.permanently_failed} rejected"
                        + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(codes.items()))})" if codes else ""))
+        # The batch's evidence is committed; now the run stops if the CRM said it must.
+        if settled.contradiction:
+            raise RunFailed(f"NexusCRM's answer to batch {number} contradicts the ledger ({settled.contradiction}); "
+                            f"its {len(batch)} rows are left unaccounted (retryable) and the run stopped: check the "
+                            "CRM or the gateway in front of it")
+        if outcome.stop_reason:
+            raise RunFailed(f"batch {number}: {outcome.stop_reason}")
         return crm_seconds, ledger_seconds
+
+    def _check_headroom(self, number: int, total_batches: int) -> None:
+        """Stop before a call that would use the share of the org's API allocation this job
+        leaves to other integrations (`write.api_headroom_percent`)."""
+        percent, usage = self.config.write.api_headroom_percent, self.api_usage
+        if not percent or usage is None:
+            return
+        budget = int(usage.max * (100 - percent) / 100)
+        if usage.used + 1 > budget:
+            raise RunFailed(f"stopped before batch {number}/{max(total_batches, number)}: NexusCRM reports "
+                            f"{usage} API calls used and this job leaves the last {percent:g}% of the org's API "
+                            f"allocation to other integrations (at most {budget} calls); the rows not sent stay as "
+                            "they were")
+
+    def _usage_text(self) -> str | None:
+        return str(self.api_usage) if self.api_usage else None
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -509,6 +553,7 @@ class Runner:
         started = time.perf_counter()
         crm = crm or getattr(self, "_crm", None)
         if crm is not None:
+            self.api_usage = crm.api_usage or self.api_usage  # the last usage the CRM reported, on any call
             crm.close()
         if self.table_id:
             try:
@@ -521,7 +566,7 @@ class Runner:
             self.ledger.finish_run(
                 context.run_id, status, selected=counts.selected, unchanged=unchanged, succeeded=counts.succeeded,
                 retryable=counts.retryable, permanent=counts.permanent, batches=counts.batches,
-                crm_calls=counts.crm_calls, error_message=error)
+                crm_calls=counts.crm_calls, error_message=error, api_usage=self._usage_text())
             if status not in ("dry_run", "failed"):
                 prune_attempts(self.ledger.conn, max_chunks=10)
         except psycopg.Error as exc:
@@ -541,7 +586,8 @@ class Runner:
             retryable_failed=counts.retryable, permanently_failed=counts.permanent,
             new_permanent_failures=counts.new_permanent, blocking_failures=counts.blocking,
             deferred=counts.deferred, would_write=counts.to_write, batches=counts.batches,
-            crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds))
+            crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds),
+            api_usage=self._usage_text(), rejected=tuple(self.rejected))
         self._event("run_finished", context, level=logging.INFO if status != "failed" else logging.ERROR,
                     status=status, selected=result.selected, unchanged=result.unchanged,
                     succeeded=result.succeeded, retryable_failed=result.retryable_failed,
@@ -595,89 +641,6 @@ class _reader_connection:
 
 def _search_path(conn: psycopg.Connection) -> str:
     return conn.execute("SHOW search_path").fetchone()[0].replace(" ", "")
-
-
-_DONE = object()
-
-
-class _Gate:
-    """Open while a CRM call is in flight or the consumer waits for data; the prefetch
-    thread starts each page only through an open gate."""
-
-    def __init__(self) -> None:
-        self._cv = threading.Condition()
-        self._state = {"crm": False, "starving": False, "closed": False}
-
-    def set(self, **flags: bool) -> None:
-        with self._cv:
-            self._state.update(flags)
-            self._cv.notify_all()
-
-    def wait(self) -> None:
-        with self._cv:
-            self._cv.wait_for(lambda: any(self._state.values()))
-
-
-def _gated(source: Iterator[Any], gate: _Gate) -> Iterator[Any]:
-    while True:
-        gate.wait()
-        try:
-            item = next(source)
-        except StopIteration:
-            return
-        yield item
-
-
-def _prefetch(source: Iterator[Any], depth: int, gate: _Gate | None = None) -> Iterator[Any]:
-    """Iterate `source` on a background thread, at most `depth` items ahead, so reading
-    and mapping the next page overlaps the CRM call of the current batch."""
-    if depth <= 0:
-        if gate is not None:
-            gate.set(starving=True)
-        yield from source
-        return
-    items: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def work() -> None:
-        try:
-            for item in source:
-                while not stop.is_set():
-                    try:
-                        items.put((True, item), timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            items.put((True, _DONE))
-        except BaseException as exc:  # handed to the consumer
-            items.put((False, exc))
-
-    thread = threading.Thread(target=work, name="writeback-prefetch", daemon=True)
-    thread.start()
-    try:
-        while True:
-            if gate is not None and items.empty():
-                gate.set(starving=True)
-            ok, item = items.get()
-            if gate is not None:
-                gate.set(starving=False)
-            if not ok:
-                raise item
-            if item is _DONE:
-                return
-            yield item
-    finally:
-        stop.set()
-        if gate is not None:
-            gate.set(closed=True)
-        while thread.is_alive():
-            try:
-                items.get(timeout=0.1)
-            except queue.Empty:
-                pass
-            thread.join(timeout=0.1)
 
 
 class WritebackJob:

@@ -100,9 +100,10 @@ def freshness_problem(readiness: Readiness, max_age_minutes: int, now: datetime)
     return None
 
 
-def candidate_table_id(project: str, dataset: str, job_name: str, run_id: str) -> str:
+def candidate_table_id(project: str, dataset: str, job_name: str, run_id: str, execution_id: str) -> str:
+    """The run-scoped table of one execution (two executions of a run id never share one)."""
     safe = re.sub(r"[^A-Za-z0-9_]", "_", run_id)[:80]
-    return f"{project}.{dataset}.wb_candidates_{job_name}_{safe}"
+    return f"{project}.{dataset}.wb_candidates_{job_name}_{safe}_{execution_id}"
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,20 @@ def materialize_candidates(client: bigquery.Client, table_id: str, source_sql: s
     if count is None:
         count = next(iter(client.query(f"SELECT COUNT(*) AS n FROM `{table_id}`").result()))["n"]
     return CandidateTable(table_id, int(count), schema)
+
+
+def missing_external_ids(client: bigquery.Client, table_id: str, external_ids: Sequence[str], *,
+                         location: str | None = None, timer: WarehouseTimer | None = None) -> list[str]:
+    """The external IDs asked for (a canary) that the candidate table does not hold, sorted."""
+    sql = (f"SELECT id FROM UNNEST(@ids) AS id WHERE id NOT IN "
+           f"(SELECT {EXTERNAL_ID_COLUMN} FROM `{table_id}` WHERE {EXTERNAL_ID_COLUMN} IS NOT NULL) ORDER BY id")
+    params = [bigquery.ArrayQueryParameter("ids", "STRING", sorted(set(external_ids)))]
+    started = time.perf_counter()
+    rows = client.query(sql, job_config=_job_config(params), location=location).result()
+    missing = [row["id"] for row in rows]
+    if timer:
+        timer.add(started)
+    return missing
 
 
 def candidate_expiry(client: bigquery.Client, table_id: str) -> datetime | None:

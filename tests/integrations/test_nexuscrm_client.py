@@ -7,15 +7,17 @@ import logging
 import random
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from decimal import Decimal
 
 import httpx
 import pytest
 
 from nexus_pipelines.integrations.nexuscrm import (
+    ALLOCATION_RETRY_S,
     MAX_BATCH_RECORDS,
+    ApiLimitExceeded,
     AuthError,
+    FieldContract,
     NexusCrmClient,
     NexusCrmConfigError,
     NexusCrmCredentials,
@@ -36,7 +38,11 @@ from nexus_pipelines.local.simulators.nexuscrm import (
 
 OBJECT = "Arr_Snapshot__c"
 KEY = "Source_Record_Id__c"
-OWNED = {KEY, "Name__c", "Amount__c"}
+CONTRACT = (
+    FieldContract(KEY, "string", length=64, nillable=False, external_id=True),
+    FieldContract("Name__c", "string", length=20),
+    FieldContract("Amount__c", "currency", precision=18, scale=2),
+)
 CLIENT_ID = "client-id-3MVG9"
 SECRET = "client-secret-s3cr3t-value"
 
@@ -60,15 +66,17 @@ class UpperBoundRng:
 
 
 class SpyTransport(SimulatorTransport):
-    """Keeps the Authorization headers sent, so tests know the token values to look for."""
+    """Keeps the Authorization headers and bodies sent, so tests know what went out."""
 
     def __init__(self, state: NexusCrmState) -> None:
         super().__init__(state)
         self.authorizations: list[str] = []
+        self.bodies: list[bytes] = []
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if "authorization" in request.headers:
             self.authorizations.append(request.headers["authorization"])
+        self.bodies.append(request.read())
         return super().handle_request(request)
 
 
@@ -81,11 +89,11 @@ def make_state() -> NexusCrmState:
     state.define_object(
         OBJECT,
         [
-            FieldSpec(KEY, external_id=True, unique=True, length=64),
+            FieldSpec(KEY, external_id=True, unique=True, length=64, nillable=False),
             FieldSpec("Name__c", length=20),
             FieldSpec("Amount__c", type="currency", precision=18, scale=2),
             FieldSpec("Account_Hash__c", unique=True, length=64),
-            FieldSpec("Formula__c", type="double", createable=False, updateable=False),
+            FieldSpec("Formula__c", type="double", precision=18, scale=2, createable=False, updateable=False),
         ],
     )
     state.add_validation_rule(OBJECT, negative_amount)
@@ -162,7 +170,8 @@ def test_token_exchange_then_reuse(client: NexusCrmClient, state: NexusCrmState)
     client.describe(OBJECT)
     client.upsert_batch(OBJECT, KEY, [rec("E1")])
     assert state.calls() == {"token": 1, "describe": 1, "upsert": 1}
-    assert client.call_counts() == {"token": 1, "describe": 1, "upsert": 1}
+    assert client.call_counts() == {"token": 1, "token:status_200": 1, "describe": 1, "describe:status_200": 1,
+                                    "upsert": 1, "upsert:status_200": 1}
 
 
 def test_rejected_client_secret_is_one_line_auth_error() -> None:
@@ -189,57 +198,64 @@ def test_token_response_is_validated_without_echoing_it() -> None:
 
 
 def test_preflight_passes_and_returns_typed_describe(client: NexusCrmClient) -> None:
-    describe = client.preflight(OBJECT, KEY, OWNED)
+    describe = client.preflight(OBJECT, CONTRACT)
     key = describe.field(KEY)
     assert describe.name == OBJECT
     assert key is not None and key.external_id and key.unique and key.id_lookup and key.length == 64
     assert describe.field("Id") is not None and not describe.field("Id").createable
 
 
+KEY_SPEC = FieldSpec(KEY, external_id=True, unique=True, length=64, nillable=False)
+
+
 @pytest.mark.parametrize(
-    ("fields", "key", "owned", "problem"),
+    ("fields", "problem"),
     [
-        ([], KEY, {KEY}, "external id field Source_Record_Id__c does not exist"),
-        ([FieldSpec(KEY, unique=True, id_lookup=True)], KEY, {KEY}, "is not marked External ID"),
-        ([FieldSpec(KEY, external_id=True)], KEY, {KEY}, "external id field Source_Record_Id__c is not unique"),
-        ([FieldSpec(KEY, external_id=True, unique=True)], KEY, {KEY, "Gone__c"}, "owned field Gone__c does not exist"),
-        (
-            [FieldSpec(KEY, external_id=True, unique=True), FieldSpec("Ro__c", createable=False)],
-            KEY,
-            {KEY, "Ro__c"},
-            "owned field Ro__c is not createable",
-        ),
-        (
-            [FieldSpec(KEY, external_id=True, unique=True), FieldSpec("Once__c", updateable=False)],
-            KEY,
-            {KEY, "Once__c"},
-            "owned field Once__c is not updateable",
-        ),
+        ([], "external id field Source_Record_Id__c does not exist"),
+        ([FieldSpec(KEY, unique=True, id_lookup=True, length=64, nillable=False)], "is not marked External ID"),
+        ([FieldSpec(KEY, external_id=True, length=64, nillable=False)],
+         "external id field Source_Record_Id__c is not unique"),
+        ([KEY_SPEC], "owned field Name__c does not exist"),
+        ([KEY_SPEC, FieldSpec("Name__c", createable=False, length=20)], "owned field Name__c is not createable"),
+        ([KEY_SPEC, FieldSpec("Name__c", updateable=False, length=20)], "owned field Name__c is not updateable"),
+        # the field contract: type, length, precision/scale, nillability
+        ([KEY_SPEC, FieldSpec("Name__c", length=30)], "owned field Name__c has length 30 in the CRM, the job declares 20"),
+        ([KEY_SPEC, FieldSpec("Name__c", length=20, nillable=False)],
+         "owned field Name__c has nillable False in the CRM, the job declares True"),
+        ([KEY_SPEC, FieldSpec("Name__c", length=20), FieldSpec("Amount__c", type="double", precision=18, scale=2)],
+         "owned field Amount__c has type 'double' in the CRM, the job declares 'currency'"),
+        ([KEY_SPEC, FieldSpec("Name__c", length=20), FieldSpec("Amount__c", type="currency", precision=16, scale=4)],
+         "owned field Amount__c has precision 16 in the CRM, the job declares 18"),
+        ([KEY_SPEC, FieldSpec("Name__c", length=20), FieldSpec("Amount__c", type="string", length=18)],
+         "owned field Amount__c has length 18 in the CRM, the job declares 0"),
     ],
 )
-def test_preflight_drift(fields, key, owned, problem) -> None:
+def test_preflight_drift(fields, problem) -> None:
     state = NexusCrmState(client_id=CLIENT_ID, client_secret=SECRET)
     state.define_object(OBJECT, fields)
     with NexusCrmClient(credentials(), transport=SimulatorTransport(state)) as c, pytest.raises(PreflightError) as info:
-        c.preflight(OBJECT, key, owned)
+        c.preflight(OBJECT, CONTRACT)
     assert problem in str(info.value)
     assert str(info.value).startswith(f"NexusCRM preflight failed for {OBJECT}: ") and "\n" not in str(info.value)
     assert state.calls().get("upsert", 0) == 0
 
 
 def test_preflight_lists_every_problem_and_a_missing_object(client: NexusCrmClient) -> None:
+    wrong = (FieldContract("Name__c", "string", length=20, nillable=False, external_id=True),
+             FieldContract("Formula__c", "double", precision=18, scale=2), FieldContract("Gone__c", "date"))
     with pytest.raises(PreflightError) as info:
-        client.preflight(OBJECT, "Name__c", {"Name__c", "Formula__c", "Gone__c"})
+        client.preflight(OBJECT, wrong)
     assert info.value.problems == (
         "external id field Name__c is not marked External ID",
         "external id field Name__c is not unique",
         "external id field Name__c is not an idLookup field",
+        "owned field Name__c has nillable True in the CRM, the job declares False",
         "owned field Formula__c is not createable",
         "owned field Formula__c is not updateable",
         "owned field Gone__c does not exist",
     )
     with pytest.raises(PreflightError, match="Missing__c: object does not exist"):
-        client.preflight("Missing__c", KEY, {KEY})
+        client.preflight("Missing__c", CONTRACT)
 
 
 # -- Composite Upsert ---------------------------------------------------------------
@@ -249,17 +265,17 @@ def test_mixed_success_batch_is_normalized_in_request_order(client: NexusCrmClie
     records = [
         rec("E1", Amount__c=10),
         rec("E2", Name__c="x" * 21),
-        rec("E3", Bogus__c=1),
+        rec("E3", Amount__c=Decimal("1.005")),
         rec("E4", Amount__c=-1),
-        rec("E5", Formula__c=2.0),
-        rec("E6", Amount__c="12.50"),
+        rec("E5", Formula__c=Decimal("2.0")),
+        rec("E6", Amount__c=Decimal("12.50")),
     ]
     outcome = client.upsert_batch(OBJECT, KEY, records)
     assert [r.external_id for r in outcome.results] == ["E1", "E2", "E3", "E4", "E5", "E6"]
     assert [(r.success, r.error_code, r.retryable) for r in outcome.results] == [
         (True, None, False),
         (False, "STRING_TOO_LONG", False),
-        (False, "INVALID_FIELD", False),
+        (False, "NUMBER_OUTSIDE_VALID_RANGE", False),
         (False, "FIELD_CUSTOM_VALIDATION_EXCEPTION", False),
         (False, "INVALID_FIELD_FOR_INSERT_UPDATE", False),
         (True, None, False),
@@ -272,6 +288,16 @@ def test_mixed_success_batch_is_normalized_in_request_order(client: NexusCrmClie
     assert (outcome.http_status, outcome.attempts, outcome.batch_error) == (200, 1, None)
     assert outcome.limit_info is not None and outcome.limit_info.max == 15000 and outcome.limit_info.used >= 1
     assert len(state.records(OBJECT)) == 2
+    assert state.get_record(OBJECT, KEY, "E6")["Amount__c"] == Decimal("12.50")
+
+
+def test_decimals_are_sent_as_exact_json_numbers(state: NexusCrmState) -> None:
+    spy = SpyTransport(state)
+    with NexusCrmClient(credentials(), transport=spy) as c:
+        outcome = c.upsert_batch(OBJECT, KEY, [rec("E1", Amount__c=Decimal("9999999999999999.99"))])
+    assert outcome.results[0].success
+    assert b'"Amount__c":9999999999999999.99' in spy.bodies[-1]  # a float would have rounded it
+    assert state.get_record(OBJECT, KEY, "E1")["Amount__c"] == Decimal("9999999999999999.99")
 
 
 def test_unable_to_lock_row_is_retryable_and_the_rest_is_written(client: NexusCrmClient, state: NexusCrmState) -> None:
@@ -315,10 +341,24 @@ def test_unique_conflict_is_permanent_and_blocking(client: NexusCrmClient) -> No
     assert outcome.blocking_failures == (failed,)
 
 
-def test_whole_request_rejection_fails_every_record_permanently(client: NexusCrmClient) -> None:
+@pytest.mark.parametrize(("records", "status", "code"), [
+    ([rec("E1"), rec("E2", Bogus__c=1)], 400, "INVALID_FIELD"),
+    ([rec("E1"), rec("E2", Name__c=42)], 400, "JSON_PARSER_ERROR"),
+])
+def test_a_rejected_whole_request_stops_the_run_and_leaves_every_record_retryable(
+        client: NexusCrmClient, state: NexusCrmState, records, status, code) -> None:
+    outcome = client.upsert_batch(OBJECT, KEY, records)
+    assert (outcome.http_status, outcome.batch_error) == (status, code)
+    assert all(not r.success and r.error_code == code and r.retryable for r in outcome.results)
+    assert outcome.retry_after_s == 0.0  # eligible for the very next run, after the fix
+    assert outcome.stop_reason and code in outcome.stop_reason and "\n" not in outcome.stop_reason
+    assert state.records(OBJECT) == []
+
+
+def test_a_missing_object_is_a_rejected_whole_request(client: NexusCrmClient) -> None:
     outcome = client.upsert_batch("Missing__c", KEY, [rec("E1"), rec("E2")])
-    assert outcome.http_status == 404 and outcome.batch_error == "NOT_FOUND"
-    assert all(not r.success and r.error_code == "NOT_FOUND" and not r.retryable for r in outcome.results)
+    assert outcome.http_status == 404 and outcome.batch_error == "NOT_FOUND" and outcome.stop_reason
+    assert all(not r.success and r.error_code == "NOT_FOUND" and r.retryable for r in outcome.results)
 
 
 def test_batch_limit_and_arguments_are_checked_before_any_call(client: NexusCrmClient, state: NexusCrmState) -> None:
@@ -348,11 +388,25 @@ def test_401_refreshes_the_token_once_and_retries(client: NexusCrmClient, state:
     assert state.calls() == {"token": 2, "upsert": 2}
 
 
-def test_a_second_401_is_an_auth_error(client: NexusCrmClient, state: NexusCrmState) -> None:
-    state.faults.push(Fault.expire_token(), Fault.expire_token())
-    with pytest.raises(AuthError, match="rejected a freshly issued token on upsert"):
-        client.upsert_batch(OBJECT, KEY, [rec("E1")])
-    assert state.calls() == {"token": 2, "upsert": 2}
+def test_two_401s_in_a_row_stop_the_run_and_leave_the_batch_unaccounted(client, state: NexusCrmState) -> None:
+    state.faults.push(Fault.timeout_after_apply(), Fault.expire_token(), Fault.expire_token())
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.stop_reason and "rejected a freshly issued token on upsert" in outcome.stop_reason
+    (result,) = outcome.results
+    assert (result.success, result.error_code, result.retryable) == (False, "UNACCOUNTED", True)
+    assert state.get_record(OBJECT, KEY, "E1") is not None  # the first attempt was applied
+    assert state.calls() == {"token": 2, "upsert": 3} and outcome.attempts == 3
+
+
+@pytest.mark.parametrize("between", [Fault.status(503), Fault.timeout_after_apply(), Fault.status(429)])
+def test_a_token_that_expires_again_in_the_same_call_is_refreshed_again(client, state: NexusCrmState,
+                                                                         between) -> None:
+    client.authenticate()
+    state.faults.push(Fault.expire_token(), between, Fault.expire_token())
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.results[0].success and outcome.stop_reason is None
+    assert state.calls() == {"token": 3, "upsert": 4}
+    assert outcome.attempts == 4 and len(state.records(OBJECT)) == 1
 
 
 def test_429_honours_retry_after_seconds(client: NexusCrmClient, state: NexusCrmState, sleeps, rng) -> None:
@@ -360,7 +414,7 @@ def test_429_honours_retry_after_seconds(client: NexusCrmClient, state: NexusCrm
     outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
     assert outcome.results[0].success and outcome.attempts == 2
     assert sleeps == [2.0] and rng.ranges == []
-    assert client.call_counts()["status_429"] == 1
+    assert client.call_counts()["upsert:status_429"] == 1
 
 
 def test_429_without_retry_after_uses_jittered_backoff(client, state: NexusCrmState, sleeps, rng) -> None:
@@ -384,7 +438,7 @@ def test_5xx_backoff_is_capped_exponential_with_full_jitter(
     outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
     assert outcome.results[0].success and outcome.attempts == 5
     assert rng.ranges == [(0.0, 1.0), (0.0, 2.0), (0.0, 3.0), (0.0, 3.0)]
-    assert client.call_counts()["status_5xx"] == 4
+    assert sum(v for k, v in client.call_counts().items() if k.startswith("upsert:status_5")) == 4
 
 
 def test_jittered_delays_stay_within_bounds(state: NexusCrmState) -> None:
@@ -408,9 +462,9 @@ def test_exhausted_transient_failures_return_retryable_results(client: NexusCrmC
 
 def test_response_missing_one_record(client: NexusCrmClient, state: NexusCrmState) -> None:
     state.faults.push(Fault.drop_result("E2"))
-    results = by_id(client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2"), rec("E3", Bogus__c=1)]))
+    results = by_id(client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2"), rec("E3", Name__c="x" * 21)]))
     assert (results["E2"].error_code, results["E2"].retryable) == ("UNACCOUNTED", True)
-    assert results["E1"].success and results["E3"].error_code == "INVALID_FIELD"
+    assert results["E1"].success and results["E3"].error_code == "STRING_TOO_LONG"
     # The write did happen: a replay updates it.
     replay = client.upsert_batch(OBJECT, KEY, [rec("E2")])
     assert replay.results[0].success and replay.created_external_ids == frozenset()
@@ -438,7 +492,7 @@ def test_timeout_after_the_server_applied_the_write(state: NexusCrmState, sleeps
     with NexusCrmClient(credentials(), transport=SimulatorTransport(state), max_attempts=1, sleep=sleeps) as c:
         outcome = c.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
         assert all(r.error_code == "TIMEOUT" and r.retryable for r in outcome.results)
-        assert outcome.http_status is None and c.call_counts()["transport_error"] == 1
+        assert outcome.http_status is None and c.call_counts()["upsert:ReadTimeout"] == 1
         assert len(state.records(OBJECT)) == 2
         replay = c.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
     assert all(r.success for r in replay.results) and replay.created_external_ids == frozenset()
@@ -452,11 +506,53 @@ def test_timeout_after_apply_is_retried_in_the_same_call_as_an_update(client, st
     assert len(state.records(OBJECT)) == 1
 
 
+class CorruptFirstUpsertResponse(SimulatorTransport):
+    """The write is applied, then its response body arrives corrupted (a content-encoding
+    the body does not have), as a broken proxy or a truncated gzip stream would deliver it."""
+
+    def __init__(self, state) -> None:
+        super().__init__(state)
+        self.corrupted = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if "/composite/" in request.url.path and not self.corrupted:
+            self.corrupted += 1
+            return httpx.Response(response.status_code, headers={"Content-Encoding": "gzip",
+                                                                  "Content-Type": "application/json"},
+                                  stream=httpx.ByteStream(b"not gzip"))
+        return response
+
+
+def test_an_undecodable_upsert_response_is_retried_not_raised() -> None:
+    state = make_state()
+    transport = CorruptFirstUpsertResponse(state)
+    with NexusCrmClient(credentials(), transport=transport, max_attempts=3, sleep=lambda s: None) as client:
+        outcome = client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert transport.corrupted == 1 and outcome.attempts == 2
+    assert [r.success for r in outcome.results] == [True, True]
+    assert len(state.records(OBJECT)) == 2  # the replayed upsert updated, it did not duplicate
+
+
+def test_an_undecodable_response_that_persists_leaves_the_batch_retryable() -> None:
+    state = make_state()
+
+    class AlwaysCorrupt(CorruptFirstUpsertResponse):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            self.corrupted = 0
+            return super().handle_request(request)
+
+    with NexusCrmClient(credentials(), transport=AlwaysCorrupt(state), max_attempts=2, sleep=lambda s: None) as client:
+        outcome = client.upsert_batch(OBJECT, KEY, [rec("E1")])
+    assert outcome.attempts == 2 and outcome.batch_error is not None
+    assert [(r.success, r.retryable) for r in outcome.results] == [(False, True)]
+
+
 @pytest.mark.parametrize(
     ("code", "retryable", "blocking"),
     [
         ("UNABLE_TO_LOCK_ROW", True, False),
-        ("REQUEST_LIMIT_EXCEEDED", True, False),
+        ("REQUEST_LIMIT_EXCEEDED", True, False),  # per record; the whole-request 403 stops the run
         ("SERVER_UNAVAILABLE", True, False),
         ("DUPLICATE_VALUE", False, True),
         ("DUPLICATE_EXTERNAL_ID", False, True),
@@ -474,6 +570,69 @@ def test_error_classification(code: str, retryable: bool, blocking: bool) -> Non
 def test_limit_info_parsing() -> None:
     assert parse_limit_info("api-usage=12/15000") is not None and parse_limit_info("api-usage=12/15000").used == 12
     assert parse_limit_info("garbage") is None and parse_limit_info(None) is None
+    both = parse_limit_info("per-app-api-usage=17/250(appName=x); api-usage=25/5000")
+    assert (both.used, both.max) == (25, 5000)
+
+
+# -- the org's daily API allocation (403 REQUEST_LIMIT_EXCEEDED) -----------------------
+
+
+def test_a_spent_allocation_on_upsert_stops_the_run_with_the_rows_retryable_after_a_wait(
+        client: NexusCrmClient, state: NexusCrmState, sleeps) -> None:
+    client.authenticate()
+    state.api_limit = 0
+    outcome = client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")])
+    assert outcome.attempts == 1 and sleeps == []  # not retried: it would only spend more
+    assert (outcome.http_status, outcome.batch_error) == (403, "REQUEST_LIMIT_EXCEEDED")
+    assert all(r.retryable and r.error_code == "REQUEST_LIMIT_EXCEEDED" for r in outcome.results)
+    assert outcome.retry_after_s == ALLOCATION_RETRY_S
+    assert outcome.stop_reason and "daily API allocation is spent (api-usage=0/0)" in outcome.stop_reason
+    assert state.records(OBJECT) == []
+
+
+def test_a_spent_allocation_on_token_or_describe_is_one_clear_error(state: NexusCrmState) -> None:
+    state.set_api_usage(state.api_limit)
+    with NexusCrmClient(credentials(), transport=SimulatorTransport(state)) as c:
+        with pytest.raises(ApiLimitExceeded, match="daily API allocation is spent"):
+            c.authenticate()
+    state.set_api_usage(state.api_limit - 1)
+    with NexusCrmClient(credentials(), transport=SimulatorTransport(state)) as c:
+        c.describe(OBJECT)
+        assert c.api_usage is not None and (c.api_usage.used, c.api_usage.max) == (15000, 15000)
+        with pytest.raises(ApiLimitExceeded) as info:
+            c.describe(OBJECT)
+    assert "\n" not in str(info.value)
+
+
+# -- the shared HTTP core ---------------------------------------------------------------
+
+
+def test_a_token_naming_another_instance_origin_is_refused_before_any_data_call(state: NexusCrmState) -> None:
+    class OtherInstance(SimulatorTransport):
+        def handle_request(self, request):
+            response = super().handle_request(request)
+            if request.url.path.endswith("/token") and response.status_code == 200:
+                body = {**response.json(), "instance_url": "https://elsewhere.test"}
+                return httpx.Response(200, json=body, request=request)
+            return response
+
+    with NexusCrmClient(credentials(), transport=OtherInstance(state)) as c, pytest.raises(NexusCrmResponseError,
+                                                                                          match="another origin"):
+        c.describe(OBJECT)
+    assert state.calls() == {"token": 1}
+
+
+def test_redirects_are_never_followed(state: NexusCrmState) -> None:
+    class Moved(SimulatorTransport):
+        def handle_request(self, request):
+            if "/composite/" in request.url.path:
+                return httpx.Response(302, headers={"Location": "https://nexuscrm.test/other"}, request=request)
+            return super().handle_request(request)
+
+    with NexusCrmClient(credentials(), transport=Moved(state)) as c:
+        outcome = c.upsert_batch(OBJECT, KEY, [rec("E1")])
+        assert c.call_counts()["upsert"] == 1
+    assert outcome.http_status == 302 and outcome.stop_reason and outcome.results[0].retryable
 
 
 # -- redaction ----------------------------------------------------------------------
@@ -491,25 +650,22 @@ def test_credentials_and_tokens_never_reach_repr_exceptions_or_logs(caplog, stat
     spy = SpyTransport(state)
     state.faults.push(Fault.expire_token(), Fault.status(429), Fault.timeout_after_apply())
     errors = []
-    with NexusCrmClient(credentials(), transport=spy, max_attempts=3, sleep=Sleeps()) as c:
-        c.preflight(OBJECT, KEY, OWNED)
+    with NexusCrmClient(credentials(), transport=spy, max_attempts=2, sleep=Sleeps()) as c:
+        c.preflight(OBJECT, CONTRACT)
         outcome = c.upsert_batch(OBJECT, KEY, [rec("E1")])
         state.faults.push(Fault.expire_token(), Fault.expire_token())
-        try:
-            c.upsert_batch(OBJECT, KEY, [rec("E1")])
-        except AuthError as exc:
-            errors.append(exc)
-        texts = [repr(c), repr(credentials()), str(credentials())]
+        refused = c.upsert_batch(OBJECT, KEY, [rec("E1")])
+        texts = [repr(c), repr(credentials()), str(credentials()), repr(refused), repr(c._http.auth)]
     bad = NexusCrmCredentials(base_url="https://nexuscrm.test", client_id=CLIENT_ID, client_secret="another-secret")
     with NexusCrmClient(bad, transport=spy) as c:
         try:
             c.authenticate()
         except AuthError as exc:
             errors.append(exc)
-    assert len(errors) == 2 and outcome.batch_error == "TIMEOUT"
+    assert len(errors) == 1 and outcome.batch_error == "TIMEOUT" and refused.stop_reason
     tokens = {a.split(" ", 1)[1] for a in spy.authorizations}
     assert len(tokens) >= 3
     haystack = "\n".join([caplog.text, *texts, *(str(e) for e in errors), *(repr(e) for e in errors), repr(outcome)])
-    assert "nexuscrm upsert HTTP_429 on attempt 2/3" in caplog.text  # the logs are there, just clean
+    assert "nexuscrm upsert HTTP_429 on attempt 1/2" in caplog.text  # the logs are there, just clean
     for secret in [SECRET, CLIENT_ID, "another-secret", *tokens]:
         assert secret not in haystack

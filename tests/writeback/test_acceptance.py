@@ -15,7 +15,7 @@ from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app, serve_
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
-from .conftest import SIM_URL, context, make_config, new_state
+from .support import SIM_URL, context, make_config, new_state
 
 OBJ = MonthEndArrMapper.TARGET_OBJECT
 KEY = "001000000000001:2025-04"
@@ -85,8 +85,8 @@ def _child_run(pg_dsn, bq_url, sim_url, client_id, client_secret, source, job_na
     from nexus_pipelines.writeback.config import parse_config
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import Runner
-    from tests.writeback.conftest import CONFIG_DIR, config_dict
-    from tests.writeback.conftest import context as make_context
+    from tests.writeback.support import CONFIG_DIR, config_dict
+    from tests.writeback.support import context as make_context
 
     data = config_dict(source, batch_size=10)
     data["target"]["local_mode"] = True
@@ -102,7 +102,7 @@ def _child_run(pg_dsn, bq_url, sim_url, client_id, client_secret, source, job_na
         if barrier is not None:
             barrier.wait(timeout=60)
         result = runner.run(make_context(run_id))
-    results.put((run_id, result.status, result.succeeded))
+    results.put((run_id, result.status, result.succeeded, result.error_message))
 
 
 @pytest.fixture
@@ -133,16 +133,23 @@ def test_acceptance_6_killed_after_upsert_before_commit_then_replay(control_dsn,
     assert control_conn.execute("SELECT count(*) FROM outbound_records WHERE job_name = 'acc6'").fetchone() == (0,)
     assert control_conn.execute("SELECT status FROM outbound_runs WHERE run_id = 'crash-1'").fetchone() == ("running",)
 
-    # Another run id cannot start while the dead run's lease is unexpired...
-    other = _spawn(ctx, (*base, "other-1", False, None, results))
-    other.start()
-    other.join(timeout=120)
-    assert results.get(timeout=10) == ("other-1", "skipped_already_running", 0)
-    # ...while the deliberate replay with the same --run-id takes over and finishes.
+    # Another run id cannot start while the dead run's lease is unexpired, and neither can a
+    # replay with the same --run-id: it is refused, naming the holder and when its lease ends.
+    for run_id, expected in (("other-1", "skipped_already_running"), ("crash-1", "failed")):
+        child = _spawn(ctx, (*base, run_id, False, None, results))
+        child.start()
+        child.join(timeout=120)
+        got_run, status, succeeded, message = results.get(timeout=10)
+        assert (got_run, status, succeeded) == (run_id, expected, 0)
+    assert "run crash-1 is already executing" in message and "lease until" in message
+    assert control_conn.execute("SELECT status FROM outbound_runs WHERE run_id = 'crash-1'").fetchone() == ("running",)
+    # Once the dead execution's lease has run out (its TTL, moved forward here), the replay takes over.
+    control_conn.execute("UPDATE leases SET expires_at = clock_timestamp() - interval '1 second', "
+                         "acquired_at = clock_timestamp() - interval '1 hour' WHERE lease_name = 'writeback:acc6'")
     replay = _spawn(ctx, (*base, "crash-1", False, None, results))
     replay.start()
     replay.join(timeout=120)
-    run_id, status, succeeded = results.get(timeout=10)
+    run_id, status, succeeded, _ = results.get(timeout=10)
     assert (run_id, status) == ("crash-1", "completed_with_errors") and succeeded == 33
     keys = [r["Month_End_ARR_Key__c"] for r in state.records(OBJ)]
     assert len(keys) == len(set(keys)) == 33  # one CRM record per external ID

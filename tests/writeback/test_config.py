@@ -9,7 +9,7 @@ import pytest
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import ConfigError, check_target_url, load_config, parse_config, render_sql
 
-from .conftest import CONFIG_DIR, config_dict
+from .support import CONFIG_DIR, config_dict
 
 
 def parse(data):
@@ -51,11 +51,21 @@ def test_unknown_keys_are_rejected(path, value):
 
 def test_a_lease_shorter_than_the_longest_crm_batch_call_is_rejected():
     data = config_dict("src", max_attempts=5, max_backoff_seconds=30)
-    data["write"]["lease_ttl_seconds"] = 600  # 5 attempts x 100 s of timeouts + 4 x 30 s backoff = 620 s
-    with pytest.raises(ConfigError, match=r"lease_ttl_seconds \(600\) must be at least 680"):
+    # 5 attempts x (a 401, the token refresh, the resend) x 100 s of timeouts + 4 x 30 s backoff = 1620 s
+    data["write"]["lease_ttl_seconds"] = 1600
+    with pytest.raises(ConfigError, match=r"lease_ttl_seconds \(1600\) must be at least 1680"):
         parse(data)
-    data["write"]["lease_ttl_seconds"] = 680
-    assert parse(data).config.write.lease_ttl_seconds == 680
+    data["write"]["lease_ttl_seconds"] = 1680
+    assert parse(data).config.write.lease_ttl_seconds == 1680
+    assert parse(config_dict("src")).config.write.lease_ttl_seconds == 1800  # the default fits the default 5 attempts
+
+
+def test_api_headroom_is_a_percentage_below_100():
+    assert parse(config_dict("src")).config.write.api_headroom_percent == 0
+    assert parse(config_dict("src", api_headroom_percent=10)).config.write.api_headroom_percent == 10
+    for bad in (-1, 100, "10%"):
+        with pytest.raises(ConfigError, match="write.api_headroom_percent"):
+            parse(config_dict("src", api_headroom_percent=bad))
 
 
 @pytest.mark.parametrize("size", [0, -1, 201, 1000])
@@ -153,3 +163,11 @@ def test_render_sql_requires_every_placeholder():
     assert render_sql("SELECT * FROM `${ds}.t`", {"ds": "a"}) == "SELECT * FROM `a.t`"
     with pytest.raises(ConfigError, match="no value"):
         render_sql("SELECT * FROM `${other}.t`", {"ds": "a"})
+
+
+def test_a_project_id_with_a_dot_is_a_config_error():
+    for section in ("source", "state"):
+        data = config_dict("finance_marts")
+        data[section]["project"] = "my.project"
+        with pytest.raises(ConfigError, match=rf"{section}\.project: .*not a project id"):
+            parse_config(data, base_dir=CONFIG_DIR)

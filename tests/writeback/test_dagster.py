@@ -3,12 +3,9 @@ stops the write, a canary touches only the named external IDs, lineage and sched
 
 from __future__ import annotations
 
-import os
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 from dagster import AssetKey, DagsterInstance, DefaultScheduleStatus, materialize
 
 from nexus_pipelines.control.resources import ControlPlaneResource
@@ -18,40 +15,18 @@ from nexus_pipelines.definitions import defs as writeback_defs
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
 from nexus_pipelines.writeback.registry import get_job
 
-from .conftest import CONFIG_DIR, config_dict, crm_factory, new_state
+from .support import dagster_resources, new_state, seed, write_config
 
 DEFINITION = get_job("month_end_arr")
 KEYS = asset_keys(DEFINITION)
 
 
-class SimCrm:
-    def __init__(self, state):
-        self.state = state
-
-    def factory(self):
-        return crm_factory(self.state)
-
-
-def write_config(tmp_path: Path, source_dataset: str) -> str:
-    data = config_dict(source_dataset, f"ctl_{uuid.uuid4().hex[:6]}")
-    rel = os.path.relpath(CONFIG_DIR, tmp_path)
-    data["source"]["sql_file"] = f"{rel}/{data['source']['sql_file']}"
-    data["source"]["readiness_sql_file"] = f"{rel}/{data['source']['readiness_sql_file']}"
-    path = tmp_path / "month_end_arr.yaml"
-    path.write_text(yaml.safe_dump(data))
-    return str(path)
-
-
 def run(tmp_path, control_dsn, bq_emulator_url, state, source_dataset, **options):
     assets = [source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)]
-    resources = {
-        "control_plane": ControlPlaneResource(dsn=control_dsn),
-        "bigquery": BigQueryClientResource(project="nexus-test", location="US", emulator_url=bq_emulator_url),
-        "nexuscrm_writeback": SimCrm(state),
-    }
     instance = options.pop("instance", None) or DagsterInstance.ephemeral()
     config = {"config_path": write_config(tmp_path, source_dataset), **options}
-    return materialize(assets, resources=resources, raise_on_error=False, instance=instance,
+    return materialize(assets, resources=dagster_resources(control_dsn, bq_emulator_url, state),
+                       raise_on_error=False, instance=instance,
                        run_config={"ops": {"writeback_month_end_arr": {"config": config}}})
 
 
@@ -171,3 +146,90 @@ def test_ledger_export_and_retention_assets(control_dsn, bq_emulator_url, contro
             for e in result.get_asset_materialization_events()}
     exported = meta[AssetKey(["nexuscrm_control", "ledger_export"])]["outbound_records_rows"].value
     assert exported == control_conn.execute("SELECT count(*) FROM outbound_records").fetchone()[0]
+
+
+def test_dagster_assets_close_the_bigquery_clients_they_create(tmp_path, control_dsn, bq_emulator_url, bq_client):
+    from nexus_pipelines.writeback.definitions import writeback_ledger_export
+
+    opened, closed = [], []
+
+    class TrackedBigQuery(BigQueryClientResource):
+        def get_client(self):
+            client = super().get_client()
+            opened.append(client)
+            close = client.close
+            client.close = lambda: (closed.append(client), close())[1]
+            return client
+
+    resources = {**dagster_resources(control_dsn, bq_emulator_url, new_state()),
+                 "bigquery": TrackedBigQuery(project="nexus-test", location="US", emulator_url=bq_emulator_url)}
+    result = materialize(
+        [source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)], resources=resources,
+        run_config={"ops": {"writeback_month_end_arr": {"config": {
+            "config_path": write_config(tmp_path, seed(bq_client, 12)), "run_id": "bq-close-1"}}}})
+    assert result.success
+    exported = materialize([writeback_ledger_export],
+                           resources={"control_plane": resources["control_plane"], "bigquery": resources["bigquery"]},
+                           run_config={"ops": {"nexuscrm_control__ledger_export": {
+                               "config": {"dataset": f"ctl_{uuid.uuid4().hex[:6]}"}}}})
+    assert exported.success
+    assert len(opened) == 2 and [id(c) for c in closed] == [id(c) for c in opened]
+
+
+def test_a_run_skipped_because_another_holds_the_lease_succeeds_with_its_checks_skipped(
+        tmp_path, control_dsn, bq_emulator_url, source, control_conn):
+    from datetime import timedelta
+
+    from nexus_pipelines.writeback.ledger import Ledger
+
+    state = new_state()
+    instance = DagsterInstance.ephemeral()
+    held = Ledger(control_conn, "month_end_arr", "Month_End_ARR__c").acquire_lease("other-run", timedelta(minutes=5))
+    try:
+        result = run(tmp_path, control_dsn, bq_emulator_url, state, source, instance=instance)
+    finally:
+        Ledger(control_conn, "month_end_arr", "Month_End_ARR__c").release_lease(held)
+    assert result.success
+    assert result.get_asset_check_evaluations() == []  # not evaluated: planned, then skipped
+    planned = [e for e in instance.all_logs(result.run_id)
+               if e.dagster_event and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION_PLANNED"]
+    assert len(planned) == 5
+    from dagster import AssetCheckKey
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    (record,) = instance.event_log_storage.get_asset_check_execution_history(
+        AssetCheckKey(KEYS["readiness"], "source_ready"), limit=1)
+    # planned in a run that succeeded: the UI resolves it to SKIPPED
+    assert record.status == AssetCheckExecutionRecordStatus.PLANNED and record.run_id == result.run_id
+    logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
+    assert any("skipped_already_running: another run holds the month_end_arr lease (other-run" in m for m in logs)
+    assert state.calls() == {}
+
+
+def test_a_run_failing_by_policy_shows_one_line_with_its_counts_and_first_rejected_ids(
+        tmp_path, control_dsn, bq_emulator_url, bq_client):
+    state = new_state()
+    result = run(tmp_path, control_dsn, bq_emulator_url, state, seed(bq_client, 40, negative_every=10))
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    description = failure.step_failure_data.user_failure_data.description
+    assert "\n" not in description
+    assert description.startswith("month_end_arr completed_with_errors (exit code 2): 36 succeeded, 4 permanent "
+                                  "(4 new, 0 blocking), 0 retryable, 0 waiting for retry; first rejected: "
+                                  "001000000000000:2025-10 FIELD_CUSTOM_VALIDATION_EXCEPTION, ")
+    assert "nexus-pipelines writeback records --job month_end_arr --status permanent_failed" in description
+    meta = failure.step_failure_data.user_failure_data.metadata
+    assert meta["exit_code"].value == 2 and meta["new_permanent_failures"].value == 4
+
+
+def test_a_partial_selection_of_the_writeback_is_refused_in_one_line(tmp_path, control_dsn, bq_emulator_url, source):
+    state = new_state()
+    result = materialize([source_asset_spec(DEFINITION), build_writeback_assets(DEFINITION)],
+                         resources=dagster_resources(control_dsn, bq_emulator_url, state),
+                         selection=[KEYS["candidates"]], raise_on_error=False, instance=DagsterInstance.ephemeral(),
+                         run_config={"ops": {"writeback_month_end_arr": {"config": {
+                             "config_path": write_config(tmp_path, source)}}}})
+    assert not result.success
+    (failure,) = [e for e in result.all_events if e.is_step_failure]
+    assert "runs as a whole" in failure.step_failure_data.user_failure_data.description
+    assert state.calls() == {}

@@ -2,29 +2,12 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.local.simulators.nexuscrm import Fault, FieldSpec, NexusCrmState
-from nexus_pipelines.writeback.jobs.month_end_arr import crm_metadata
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
-from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
-from .conftest import context, make_config
-
-OBJ = MonthEndArrMapper.TARGET_OBJECT
-
-
-def seed(bq_client, rows=30, negative_every=0) -> str:
-    dataset = f"src_{uuid.uuid4().hex[:8]}"
-    seed_source(bq_client, dataset, rows, negative_every=negative_every)
-    return dataset
-
-
-def job() -> str:
-    return f"mea_{uuid.uuid4().hex[:8]}"
+from .support import OBJ, context, deploy, job, make_config, seed
 
 
 def records_by_status(runner):
@@ -81,6 +64,25 @@ def test_transient_failures_past_max_attempts_stay_retryable_with_next_retry_at(
     assert len(sim_state.records(OBJ)) == 30
 
 
+def test_retry_backoff_of_a_long_failing_record_does_not_overflow(bq_client, make_runner, sim_state):
+    source, name = seed(bq_client, 10), job()
+    config = make_config(source, batch_size=10, max_attempts=1)
+    sim_state.faults.push(Fault.status(500))
+    first = make_runner(config, sim_state, job_name=name)
+    assert first.run(context()).retryable_failed == 10
+    # A record that has stayed retryable for its current payload over many runs.
+    first.ledger.conn.execute(
+        "UPDATE outbound_records SET attempt_count = 5000, next_retry_at = clock_timestamp() - interval '1 minute' "
+        "WHERE job_name = %s", (name,))
+    sim_state.faults.push(Fault.status(500))
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "completed_with_errors" and result.retryable_failed == 10
+    rows = runner.ledger.record_rows()
+    assert {r["attempt_count"] for r in rows} == {5001}
+    assert all(r["status"] == "retryable_failed" and r["next_retry_at"] is not None for r in rows)
+
+
 def test_validation_errors_are_permanent_per_record_and_not_realerted(bq_client, make_runner, sim_state):
     config = make_config(seed(bq_client, rows=40, negative_every=10), batch_size=200)
     name = job()
@@ -90,7 +92,8 @@ def test_validation_errors_are_permanent_per_record_and_not_realerted(bq_client,
     assert first.exit_code == 2 and first.batches == 1
     failed = records_by_status(first_runner)["permanent_failed"]
     assert {r["error_code"] for r in failed} == {"FIELD_CUSTOM_VALIDATION_EXCEPTION"}
-    assert all(len(r["error_message"]) <= 500 for r in failed)
+    # the CRM's words, whole: the code is its own column (and a long code looked like a key to redaction)
+    assert {r["error_message"] for r in failed} == {"ARR_Amount__c must not be negative"}
 
     second = make_runner(config, sim_state, job_name=name).run(context())
     assert second.status == "succeeded" and second.unchanged == 40 and second.exit_code == 0
@@ -101,29 +104,51 @@ def test_validation_errors_are_permanent_per_record_and_not_realerted(bq_client,
     assert sim_state.calls()["upsert"] == 2 and len(sim_state.records(OBJ)) == 36
 
 
-def drifted_state(drop: str | None = None, readonly: str | None = None) -> NexusCrmState:
-    state = NexusCrmState()
-    specs = []
-    for spec in crm_metadata.field_specs():
-        if spec.name == drop:
-            continue
-        if spec.name == readonly:
-            spec = FieldSpec(spec.name, type=spec.type, updateable=False, length=spec.length)
-        specs.append(spec)
-    state.define_object(OBJ, specs)
-    return state
-
-
-@pytest.mark.parametrize("state_kwargs,message", [
-    ({"drop": "Product_Line__c"}, "owned field Product_Line__c does not exist"),
-    ({"readonly": "ARR_Amount__c"}, "owned field ARR_Amount__c is not updateable"),  # FLS / CRUD denial
+@pytest.mark.parametrize("changed,message", [
+    ({"Product_Line__c": None}, "owned field Product_Line__c does not exist"),
+    ({"ARR_Amount__c": FieldSpec("ARR_Amount__c", type="currency", precision=16, scale=2, updateable=False)},
+     "owned field ARR_Amount__c is not updateable"),  # FLS / CRUD denial
 ])
-def test_preflight_drift_fails_the_run_before_any_write(bq_client, make_runner, control_conn, state_kwargs, message):
-    state = drifted_state(**state_kwargs)
+def test_preflight_drift_fails_the_run_before_any_write(bq_client, make_runner, changed, message):
+    state = NexusCrmState()
+    deploy(state, **{k: v for k, v in changed.items() if v is not None})
+    for name in (k for k, v in changed.items() if v is None):
+        state.alter_field(OBJ, name, drop=True)
     result = make_runner(make_config(seed(bq_client)), state, job_name=job()).run(context())
     assert result.status == "failed" and result.exit_code == 1
     assert message in result.error_message
     assert state.calls().get("upsert", 0) == 0 and result.selected == 0
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"type": "double"}, "owned field ARR_Amount__c has type 'double' in the CRM, the job declares 'currency'"),
+    ({"precision": 18, "scale": 0}, "owned field ARR_Amount__c has precision 18 in the CRM, the job declares 16"),
+    ({"scale": 4}, "owned field ARR_Amount__c has scale 4 in the CRM, the job declares 2"),
+    ({"nillable": False}, "owned field ARR_Amount__c has nillable False in the CRM, the job declares True"),
+])
+def test_field_contract_drift_fails_before_any_write_and_leaves_the_rows_eligible(bq_client, make_runner, sim_state,
+                                                                                  change, message):
+    source, name = seed(bq_client, rows=30), job()
+    config = make_config(source, batch_size=10)
+    assert make_runner(config, sim_state, job_name=name).run(context()).succeeded == 30
+    bq_client.query(f"UPDATE `{source}.month_end_arr` SET arr_amount = arr_amount + 1 WHERE TRUE").result()
+    sim_state.alter_field(OBJ, "ARR_Amount__c", **change)  # an admin changes the field
+    drifted = make_runner(config, sim_state, job_name=name)
+    result = drifted.run(context())
+    assert result.status == "failed" and result.exit_code == 1 and message in result.error_message
+    assert sim_state.calls()["upsert"] == 3  # the first run's only
+    assert {r["status"] for r in drifted.ledger.record_rows()} == {"succeeded"}
+    sim_state.alter_field(OBJ, "ARR_Amount__c", type="currency", precision=16, scale=2, nillable=True)  # fixed
+    fixed = make_runner(config, sim_state, job_name=name).run(context())
+    assert fixed.status == "succeeded" and fixed.succeeded == 30
+
+
+def test_a_text_field_shorter_in_the_crm_is_drift_too(bq_client, make_runner):
+    state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=10))
+    result = make_runner(make_config(seed(bq_client)), state, job_name=job()).run(context())
+    assert result.status == "failed"
+    assert "owned field Account_External_Id__c has length 10 in the CRM, the job declares 18" in result.error_message
+    assert state.calls().get("upsert", 0) == 0
 
 
 def test_missing_object_fails_preflight(bq_client, make_runner):
@@ -133,10 +158,7 @@ def test_missing_object_fails_preflight(bq_client, make_runner):
 
 
 def test_crm_unique_conflict_is_permanent_and_blocking(bq_client, make_runner):
-    state = NexusCrmState()
-    specs = [FieldSpec(s.name, type=s.type, unique=True, length=s.length) if s.name == "Account_External_Id__c" else s
-             for s in crm_metadata.field_specs()]
-    state.define_object(OBJ, specs)
+    state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=18, unique=True))
     result = make_runner(make_config(seed(bq_client, rows=24)), state, job_name=job()).run(context())
     # 2 accounts x 12 months: the first month of each account is created, the rest conflict.
     assert result.succeeded == 2 and result.permanently_failed == 22
@@ -218,19 +240,6 @@ def test_lease_loss_stops_before_the_next_batch(bq_client, make_runner, sim_stat
                                       (name,)).fetchone() == ("thief",)  # the loser did not release it
 
 
-def test_a_second_run_while_the_lease_is_held_is_skipped(bq_client, make_runner, sim_state):
-    name = job()
-    runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=name)
-    from datetime import timedelta
-
-    held = runner.ledger.acquire_lease("other-run", timedelta(minutes=5))
-    result = runner.run(context("second"))
-    assert result.status == "skipped_already_running" and result.exit_code == 0
-    assert sim_state.calls() == {}
-    assert runner.ledger.run_row("second")["status"] == "skipped_already_running"
-    runner.ledger.release_lease(held)
-
-
 def test_dry_run_writes_nothing(bq_client, make_runner, sim_state, control_conn):
     name = job()
     runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=name)
@@ -265,3 +274,24 @@ def test_ledger_failure_after_a_crm_request_stops_the_run(bq_client, make_runner
     result = runner.run(context())
     assert result.status == "failed" and result.exit_code == 1 and "OperationalError" in result.error_message
     assert sim_state.calls()["upsert"] == 1  # no next batch after the evidence could not be stored
+
+
+def test_a_canary_for_an_external_id_not_in_the_source_fails_naming_it(bq_client, make_runner, sim_state):
+    wanted = ("001000000000000:2025-03", "001999999999999:2025-01", "nope")
+    result = make_runner(make_config(seed(bq_client)), sim_state, job_name=job()).run(context(external_ids=wanted))
+    assert result.status == "failed" and result.exit_code == 1
+    assert "2 of the 3 external IDs asked for are not in the source: 001999999999999:2025-01, nope" \
+        in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0  # not even the one that exists
+
+
+def test_a_nul_byte_in_a_source_text_field_fails_the_mapping_check_before_any_write(bq_client, make_runner,
+                                                                                   sim_state):
+    source = seed(bq_client, rows=24)
+    bq_client.query(f"UPDATE `{source}.month_end_arr` SET product_line = CONCAT('Cl', CHR(0), 'oud') "
+                    "WHERE account_id = '001000000000001' AND month_start = DATE '2025-04-01'").result()
+    result = make_runner(make_config(source), sim_state, job_name=job()).run(context())
+    assert result.status == "failed" and result.exit_code == 1
+    assert "1 rows fail mapping: row 001000000000001:2025-04: Product_Line__c: contains a control character " \
+           "(U+0000)" in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0

@@ -156,3 +156,17 @@ def state(status, h="h1", attempts=1, next_retry_at=None):
 def test_state_rules(prior, kwargs, expected):
     options = {"force": False, "retry_failed": False, "skip_unchanged": True, **kwargs}
     assert decide(rec(), prior, now=NOW, **options) == expected
+
+
+def test_a_rewrite_of_a_batch_of_records_stays_on_their_pages(ledger, control_conn):
+    """HOT updates (migration 0022): rewriting a batch's records adds no index entries."""
+    def hot_updates() -> int:
+        control_conn.execute("SELECT pg_stat_force_next_flush()")
+        return control_conn.execute("SELECT n_tup_hot_upd FROM pg_stat_user_tables "
+                                    "WHERE relname = 'outbound_records'").fetchone()[0]
+
+    ids = [f"hot-{i:03d}" for i in range(200)]
+    ledger.commit_batch("r1", "b1", None, TTL, [outcome(x, h="h1") for x in ids], BatchCounts(200))
+    before = hot_updates()
+    ledger.commit_batch("r2", "b2", None, TTL, [outcome(x, h="h2") for x in ids], BatchCounts(200))
+    assert hot_updates() - before >= 190

@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from nexus_pipelines.integrations.nexuscrm import FieldContract
+from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.hashing import HashInputError, canonical_json, payload_hash
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 from nexus_pipelines.writeback.mapping import (
     Mapper,
     MappingError,
-    OwnershipError,
     exact_decimal,
     utc_timestamp,
 )
@@ -46,7 +47,7 @@ def test_month_end_arr_maps_a_row():
         "Month_End_ARR_Key__c": "001000000000001:2025-03",
         "Account_External_Id__c": "001000000000001",
         "Month__c": "2025-03-01",
-        "ARR_Amount__c": "1234.50",
+        "ARR_Amount__c": Decimal("1234.50"),  # an exact JSON number on the wire
         "Currency_Code__c": "USD",
         "Product_Line__c": "Cloud",
         "Source_Updated_At__c": "2026-11-01T02:03:04.005Z",
@@ -74,7 +75,7 @@ def test_omitted_and_null_hash_differently():
     ("arr_amount", "1234.5", "expected Decimal/int, got str"),
     ("arr_amount", Decimal("1.005"), "more than 2 decimal places"),
     ("arr_amount", Decimal("100000000000000.00"), "exceeds precision"),
-    ("account_id", "0" * 19, "refusing to truncate"),
+    ("account_id", "0" * 19, "does not match"),
     ("account_id", 42, "expected str"),
     ("month_start", date(2025, 3, 2), "first day"),
     ("month_start", datetime(2025, 3, 1, tzinfo=UTC), "got datetime"),
@@ -113,10 +114,21 @@ def test_decimals_never_go_through_floats():
         payload_hash("O", "K", "k", {"K": "k", "x": 0.1})
 
 
+def test_a_decimal_beyond_the_default_context_precision_is_a_mapping_error():
+    # A NUMERIC with 27 integer digits: quantizing it to 2 places needs 29 significant digits.
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("9" * 27), "ARR_Amount__c", precision=16, scale=2)
+    with pytest.raises(MappingError, match="exceeds precision 16"):
+        exact_decimal(Decimal("1E+40"), "ARR_Amount__c", precision=16, scale=2)
+    assert exact_decimal(Decimal("12.5"), "ARR_Amount__c", precision=16, scale=2) == Decimal("12.50")
+
+
 class Rogue(Mapper):
     TARGET_OBJECT = "Month_End_ARR__c"
-    EXTERNAL_ID_FIELD = "Month_End_ARR_Key__c"
-    OWNED_FIELDS = frozenset({"Month_End_ARR_Key__c", "A__c"})
+    FIELDS = (FieldContract("Month_End_ARR_Key__c", "string", length=40, nillable=False, external_id=True),
+              FieldContract("A__c", "string", length=5), FieldContract("On__c", "date"),
+              FieldContract("At__c", "datetime"), FieldContract("N__c", "double", precision=4, scale=1),
+              FieldContract("Flag__c", "boolean"))
     SOURCE_COLUMNS = {}
 
     def __init__(self, extra):
@@ -132,20 +144,76 @@ class Rogue(Mapper):
     ({"LastModifiedDate": "2026-01-01"}, "server-managed"),
     ({"A__c": None}, "does not own clearing"),
     ({"A__c": 1.5}, "float"),
+    # values checked against the declared field contract
+    ({"A__c": "toolong"}, "longer than 5 characters"),
+    ({"A__c": 7}, "expected text"),
+    ({"A__c": ""}, "empty string"),
+    ({"A__c": "a\x00b"}, "control character"),
+    ({"On__c": "2025-1-1"}, "expected a date"),
+    ({"On__c": "2025-02-30"}, "expected a date"),
+    ({"At__c": "2025-01-01T00:00:00"}, "expected a UTC datetime"),
+    ({"N__c": Decimal("1000")}, "exceeds precision 4"),
+    ({"N__c": Decimal("1.25")}, "more than 1 decimal places"),
+    ({"N__c": "1.5"}, "expected a number"),
+    ({"Flag__c": 1}, "expected a boolean"),
 ])
-def test_mapper_emitting_outside_its_ownership_is_rejected(extra, message):
-    with pytest.raises(OwnershipError, match=message):
+def test_mapper_emitting_outside_its_ownership_or_field_contract_is_rejected(extra, message):
+    with pytest.raises(MappingError, match=message):
         Rogue(extra).map_record({"_outbound_external_id": "k"})
+
+
+def test_values_inside_the_declared_contract_are_emitted_unchanged():
+    record = Rogue({"A__c": "ok", "On__c": "2025-02-28", "At__c": "2025-01-01T00:00:00.000Z",
+                    "N__c": Decimal("123.4"), "Flag__c": False}).map_record({"_outbound_external_id": "k"})
+    assert record.payload["N__c"] == Decimal("123.4") and record.payload["Flag__c"] is False
 
 
 def test_mapper_declarations_are_checked():
     MonthEndArrMapper.check_declaration()
 
     class Bad(Rogue):
-        OWNED_FIELDS = frozenset({"A__c", "Id"})
+        FIELDS = (*Rogue.FIELDS, FieldContract("Id", "string", length=18))
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="server-managed"):
         Bad.check_declaration()
+
+    class Unclearable(Rogue):
+        CLEARABLE_FIELDS = frozenset({"Month_End_ARR_Key__c"})
+
+    with pytest.raises(ValueError, match="external ID field cannot be clearable"):
+        Unclearable.check_declaration()
+
+
+def test_the_mapper_declares_each_owned_field_once_with_its_type_and_limits():
+    fields = {f.name: f for f in MonthEndArrMapper.FIELDS}
+    assert len(fields) == len(MonthEndArrMapper.FIELDS) and set(fields) == MonthEndArrMapper.OWNED_FIELDS
+    assert MonthEndArrMapper.EXTERNAL_ID_FIELD == "Month_End_ARR_Key__c" and fields["Month_End_ARR_Key__c"].external_id
+    assert fields["ARR_Amount__c"] == FieldContract("ARR_Amount__c", "currency", precision=16, scale=2)
+    assert (fields["Account_External_Id__c"].type, fields["Account_External_Id__c"].length) == ("string", 18)
+    assert fields["Product_Line__c"].nillable  # clearable, so the CRM must allow null
+
+
+def test_production_code_never_imports_the_simulators():
+    root = PROJECT_ROOT / "nexus_pipelines"
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if p.relative_to(root).parts[0] != "local" and "local.simulators" in p.read_text()]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("column,field", [
+    ("product_line", "Product_Line__c"),
+    ("account_id", "_outbound_external_id"),  # the key is built from the account id
+])
+@pytest.mark.parametrize("char", ["\x00", "\x07", "\x1b", "\ud800"])
+def test_control_characters_in_text_are_a_mapping_error_naming_the_row_and_field(column, field, char):
+    data = row()
+    data[column] = data[column][:4] + char + data[column][4:]
+    if column == "account_id":
+        data["_outbound_external_id"] = f"{data['account_id']}:2025-03"
+    with pytest.raises(MappingError, match="control character") as info:
+        M.map_record(data)
+    assert info.value.field == field and info.value.external_id == data["_outbound_external_id"]
+    assert char not in str(info.value)
 
 
 def test_schema_problems_name_missing_and_mistyped_columns():

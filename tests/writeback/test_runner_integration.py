@@ -8,7 +8,7 @@ import pytest
 
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 
-from .conftest import context, make_config
+from .support import context, make_config
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +40,14 @@ def test_first_run_writes_everything_and_rerun_skips_unchanged(source, make_runn
     assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts").fetchone()[0] == 450
     assert control_conn.execute("SELECT count(*) FROM leases").fetchone()[0] == 0
     tables = [t.table_id for t in bq_client.list_tables(config.config.state.dataset)]
-    assert not [t for t in tables if t.startswith("wb_candidates_")]
+    assert not [t for t in tables if t.startswith("wb_candidates_month_end_arr_")]  # this job's, all dropped
 
 
 def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner, sim_state):
     dataset = f"src_{uuid.uuid4().hex[:8]}"
     seed_source(bq_client, dataset, 25)
-    result = make_runner(make_config(dataset, batch_size=10), sim_state, job_name="order").run(context("order-1"))
+    runner = make_runner(make_config(dataset, batch_size=10), sim_state, job_name="order")
+    result = runner.run(context("order-1"))
     assert result.batches == 3
     sizes = [e.record_count for e in sim_state.request_log() if "composite" in e.path]
     assert sizes == [10, 10, 5]
@@ -54,7 +55,8 @@ def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner
     batches = make_runner(make_config(dataset), sim_state, job_name="order").ledger.conn.execute(
         "SELECT batch_id, min(external_id), max(external_id) FROM outbound_record_attempts "
         "WHERE run_id = 'order-1' GROUP BY batch_id ORDER BY batch_id").fetchall()
-    assert [b[0] for b in batches] == ["order-1:000001", "order-1:000002", "order-1:000003"]
+    execution = runner.execution_id  # batch ids name the execution: a replay of the run id never repeats them
+    assert [b[0] for b in batches] == [f"order-1:{execution}:00000{n}" for n in (1, 2, 3)]
     assert batches[0][2] < batches[1][1] and batches[1][2] < batches[2][1]
 
 
@@ -74,7 +76,7 @@ def test_writeback_job_implements_the_job_protocol(bq_client, control_dsn, sourc
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import RunFailed, WritebackJob
 
-    from .conftest import crm_factory
+    from .support import crm_factory
 
     with connect(control_dsn) as conn:
         job = WritebackJob("protocol", MonthEndArrMapper(), make_config(source), bq=bq_client, conn=conn,

@@ -24,7 +24,7 @@ from nexus_pipelines.writeback.source import (
     run_readiness,
 )
 
-from .conftest import make_config
+from .support import make_config
 
 READY = ("SELECT 'load-1' AS _outbound_source_run_id, TIMESTAMP '2026-11-01 00:00:00+00' AS _outbound_source_as_of_at, "
          "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason")
@@ -84,8 +84,9 @@ def seeded(bq_client):
 
 def test_candidate_table_is_materialized_with_expiry_and_dropped(bq_client, seeded):
     loaded = make_config(seeded)
-    table_id = candidate_table_id("nexus-test", f"ctl_{uuid.uuid4().hex[:6]}", "month_end_arr", "run/1:x")
-    assert table_id.endswith("wb_candidates_month_end_arr_run_1_x")
+    table_id = candidate_table_id("nexus-test", f"ctl_{uuid.uuid4().hex[:6]}", "month_end_arr", "run/1:x", "e1")
+    assert table_id.endswith("wb_candidates_month_end_arr_run_1_x_e1")
+    assert table_id != candidate_table_id("nexus-test", table_id.split(".")[1], "month_end_arr", "run/1:x", "e2")
     table = materialize_candidates(bq_client, table_id, loaded.source_sql())
     assert table.row_count == 130
     assert MonthEndArrMapper.schema_problems(table.schema) == []
@@ -99,7 +100,7 @@ def test_candidate_table_is_materialized_with_expiry_and_dropped(bq_client, seed
 
 def test_candidate_table_with_external_ids_holds_only_those(bq_client, seeded):
     loaded = make_config(seeded)
-    table_id = candidate_table_id("nexus-test", "ctl_canary", "month_end_arr", uuid.uuid4().hex)
+    table_id = candidate_table_id("nexus-test", "ctl_canary", "month_end_arr", uuid.uuid4().hex, "e1")
     ids = ["001000000000001:2025-02", "001000000000003:2025-05", "not-there"]
     table = materialize_candidates(bq_client, table_id, loaded.source_sql(), external_ids=ids)
     assert table.row_count == 2
@@ -110,7 +111,7 @@ def test_candidate_table_with_external_ids_holds_only_those(bq_client, seeded):
 
 def test_pages_are_in_stable_external_id_order(bq_client, seeded):
     loaded = make_config(seeded)
-    table_id = candidate_table_id("nexus-test", "ctl_pages", "month_end_arr", uuid.uuid4().hex)
+    table_id = candidate_table_id("nexus-test", "ctl_pages", "month_end_arr", uuid.uuid4().hex, "e1")
     materialize_candidates(bq_client, table_id, loaded.source_sql())
     pages = list(iter_candidate_pages(bq_client, table_id, page_size=50))
     assert [len(p) for p in pages] == [50, 50, 30]

@@ -1,5 +1,15 @@
 """A stateful NexusCRM simulator: the parts of the Salesforce-compatible REST API v63 the
-writeback uses (OAuth client_credentials, describe, Composite Collections Upsert).
+writeback uses (OAuth client_credentials, describe, sObject Collections upsert), at least as
+strict as Salesforce documents them:
+
+- every field value is type-checked (`nexuscrm_fields`): a value of the wrong type or
+  format, or an unknown field, fails the whole request with 400; a value outside the
+  field's limits fails its record;
+- `allOrNone: true` rolls back every record when one fails (ALL_OR_NONE_OPERATION_ROLLED_BACK);
+- the org's daily API allocation (`api_limit`) is enforced: once spent, every endpoint,
+  the token endpoint included, answers 403 REQUEST_LIMIT_EXCEEDED; every data response
+  carries `Sforce-Limit-Info: api-usage=N/M`;
+- results come back in request order unless a fault reorders them.
 
 The request handling is one plain function, `handle(state, request)`, over `NexusCrmState`.
 Two thin adapters expose it:
@@ -10,6 +20,8 @@ Two thin adapters expose it:
   (httpx's ASGITransport is async-only, so it cannot back the sync client.)
 
 Faults are queued with `state.faults.push(...)` and consumed one per upsert call.
+Objects are built from a job's field contract (`define_object_from_contract`) and can be
+altered later (`alter_field`), as a CRM admin would, to show contract drift.
 """
 
 from __future__ import annotations
@@ -22,8 +34,9 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from enum import Enum
 from functools import partial
 from typing import Any
@@ -38,45 +51,27 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from nexus_pipelines.integrations.nexuscrm import FieldContract
+from nexus_pipelines.local.simulators.nexuscrm_fields import FieldSpec, RequestRejected, check_value, record_error
+
 API_VERSION = "v63.0"
 MAX_RECORDS = 200
 SERVER_MANAGED_FIELDS = ("Id", "CreatedDate", "LastModifiedDate")
+_ID_CHARS = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+ROLLED_BACK = ("ALL_OR_NONE_OPERATION_ROLLED_BACK",
+               "Record rolled back because not all records were valid and the request was using AllOrNone header")
 
 ValidationRule = Callable[[Mapping[str, Any]], str | None]
 
 
-@dataclass(frozen=True)
-class FieldSpec:
-    """One field of an object's describe; `length` 0 means no length limit."""
+def rejects_negative(field_name: str) -> ValidationRule:
+    """A validation rule of the org: `field_name` must not be negative."""
 
-    name: str
-    type: str = "string"
-    createable: bool = True
-    updateable: bool = True
-    external_id: bool = False
-    unique: bool = False
-    id_lookup: bool | None = None  # defaults to external_id, as in Salesforce
-    nillable: bool = True
-    length: int = 0
-    precision: int = 0
-    scale: int = 0
+    def rule(record: Mapping[str, Any]) -> str | None:
+        value = record.get(field_name)
+        return f"{field_name} must not be negative" if value is not None and Decimal(value) < 0 else None
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "label": self.name,
-            "type": self.type,
-            "custom": self.name.endswith("__c"),
-            "createable": self.createable,
-            "updateable": self.updateable,
-            "externalId": self.external_id,
-            "unique": self.unique,
-            "idLookup": self.external_id if self.id_lookup is None else self.id_lookup,
-            "nillable": self.nillable,
-            "length": self.length,
-            "precision": self.precision,
-            "scale": self.scale,
-        }
+    return rule
 
 
 class FaultKind(Enum):
@@ -87,6 +82,8 @@ class FaultKind(Enum):
     DROP_RESULT = "drop_result"
     FAIL_AFTER_APPLY = "fail_after_apply"
     TIMEOUT_AFTER_APPLY = "timeout_after_apply"
+    REORDER_RESULTS = "reorder_results"
+    REJECT_REQUEST = "reject_request"
 
 
 @dataclass(frozen=True)
@@ -97,6 +94,8 @@ class Fault:
     external_ids: frozenset[str] = frozenset()
     keep_position: bool = True
     hang_s: float = 0.0
+    error_code: str = ""
+    message: str = ""
 
     @classmethod
     def status(cls, status_code: int, retry_after: int | str | None = None) -> Fault:
@@ -128,6 +127,17 @@ class Fault:
     @classmethod
     def fail_after_apply(cls, status_code: int = 500) -> Fault:
         return cls(FaultKind.FAIL_AFTER_APPLY, status_code=status_code)
+
+    @classmethod
+    def reorder_results(cls) -> Fault:
+        """Apply the writes, then answer with every result moved one slot on (a broken
+        gateway or CRM; Salesforce documents results in request order)."""
+        return cls(FaultKind.REORDER_RESULTS)
+
+    @classmethod
+    def reject_request(cls, error_code: str, message: str, status_code: int = 400) -> Fault:
+        """Refuse the whole request (for example JSON_PARSER_ERROR) and write nothing."""
+        return cls(FaultKind.REJECT_REQUEST, status_code=status_code, error_code=error_code, message=message)
 
     @classmethod
     def timeout_after_apply(cls, hang_s: float = 2.0) -> Fault:
@@ -179,14 +189,18 @@ class _Object:
             return sorted(self.index[field_name].get(str(value), ()))
         return [rid for rid, rec in self.records.items() if rec.get(field_name) == value]
 
-    def store(self, record_id: str, record: dict[str, Any]) -> None:
+    def store(self, record_id: str, record: dict[str, Any] | None) -> None:
+        """Write (or, with None, delete) one record and keep the indexes in step."""
         old = self.records.get(record_id, {})
         for name, values in self.index.items():
             if old.get(name) is not None:
                 values[str(old[name])].discard(record_id)
-            if record.get(name) is not None:
+            if record is not None and record.get(name) is not None:
                 values.setdefault(str(record[name]), set()).add(record_id)
-        self.records[record_id] = record
+        if record is None:
+            self.records.pop(record_id, None)
+        else:
+            self.records[record_id] = record
 
 
 class NexusCrmState:
@@ -205,7 +219,7 @@ class NexusCrmState:
         self.client_secret = client_secret
         self.token_ttl_s = token_ttl_s
         self.latency_s = latency_s  # added to every call, for benchmarks
-        self.api_limit = api_limit
+        self.api_limit = api_limit  # the org's daily allocation of API calls
         self.faults = FaultQueue()
         self._lock = threading.RLock()
         self._objects: dict[str, _Object] = {}
@@ -214,6 +228,9 @@ class NexusCrmState:
         self._log: list[RequestLogEntry] = []
         self._api_used = 0
         self._last_id = 0
+        # Record ids are unique across orgs, as in Salesforce: a second simulated org (or a
+        # refreshed sandbox) never hands out an id the first one did.
+        self._org_mark = "".join(secrets.choice(_ID_CHARS) for _ in range(3))
 
     # -- setup by the caller ----------------------------------------------------------
 
@@ -222,8 +239,7 @@ class NexusCrmState:
         server-managed fields."""
         managed = {"createable": False, "updateable": False, "nillable": False}
         specs = {
-            "Id": FieldSpec("Id", type="id", id_lookup=True, length=18, **managed),
-            "CreatedDate": FieldSpec("CreatedDate", type="datetime", **managed),
+            "Id": FieldSpec("Id", type="id", id_lookup=True, length=18, **managed),            "CreatedDate": FieldSpec("CreatedDate", type="datetime", **managed),
             "LastModifiedDate": FieldSpec("LastModifiedDate", type="datetime", **managed),
         }
         specs.update({spec.name: spec for spec in fields})
@@ -231,10 +247,33 @@ class NexusCrmState:
         with self._lock:
             self._objects[name] = _Object(name, specs, key_prefix, index={n: {} for n in indexed})
 
+    def define_object_from_contract(self, name: str, contract: Iterable[FieldContract], *,
+                                    extra_fields: Iterable[FieldSpec] = (), key_prefix: str = "a0X") -> None:
+        """Deploy the object a job declares (its mapper's field contract), plus fields the
+        CRM's own users own."""
+        self.define_object(name, [*(FieldSpec.from_contract(c) for c in contract), *extra_fields],
+                           key_prefix=key_prefix)
+
+    def alter_field(self, object_name: str, field_name: str, **changes: Any) -> None:
+        """Change a deployed field (type, length, precision, nillable, ...), as a CRM admin
+        would; with `drop=True` the field is deleted."""
+        with self._lock:
+            obj = self._objects[object_name]
+            if changes.pop("drop", False):
+                del obj.fields[field_name]
+            else:
+                obj.fields[field_name] = replace(obj.fields[field_name], **changes)
+
     def add_validation_rule(self, object_name: str, rule: ValidationRule) -> None:
         """`rule(record_after_write)` returns an error message to reject the record."""
         with self._lock:
             self._objects[object_name].rules.append(rule)
+
+    def set_api_usage(self, used: int) -> None:
+        """API calls counted against today's allocation (other integrations share it;
+        calls older than 24 hours age out)."""
+        with self._lock:
+            self._api_used = used
 
     def expire_tokens(self) -> None:
         with self._lock:
@@ -279,14 +318,21 @@ class NexusCrmState:
         with self._lock:
             return scheme.lower() == "bearer" and self._tokens.get(token, 0.0) > time.monotonic()
 
-    def _use_api_call(self) -> str:
+    def _use_api_call(self) -> tuple[bool, str]:
+        """Count one call against the allocation: (allowed, the Sforce-Limit-Info value)."""
         with self._lock:
-            self._api_used += 1
-            return f"api-usage={self._api_used}/{self.api_limit}"
+            allowed = self._api_used < self.api_limit
+            self._api_used += allowed
+            return allowed, f"api-usage={self._api_used}/{self.api_limit}"
+
+    def _allocation_spent(self) -> str | None:
+        with self._lock:
+            spent = self._api_used >= self.api_limit
+            return f"api-usage={self._api_used}/{self.api_limit}" if spent else None
 
     def _new_id(self, obj: _Object) -> str:
         self._last_id += 1
-        return f"{obj.key_prefix}{self._last_id:015d}"
+        return f"{obj.key_prefix}{self._org_mark}{self._last_id:012d}"
 
 
 @dataclass(frozen=True)
@@ -310,7 +356,8 @@ _DESCRIBE = re.compile(r"^/services/data/(?P<version>v[\d.]+)/sobjects/(?P<objec
 _UPSERT = re.compile(r"^/services/data/(?P<version>v[\d.]+)/composite/sobjects/(?P<object>\w+)/(?P<field>\w+)/?$")
 _STATUS_ERRORS = {
     401: ("INVALID_SESSION_ID", "Session expired or invalid"),
-    429: ("REQUEST_LIMIT_EXCEEDED", "ConcurrentPerOrgLongTxn Limit exceeded"),
+    403: ("REQUEST_LIMIT_EXCEEDED", "TotalRequests Limit exceeded."),
+    429: ("TOO_MANY_REQUESTS", "Too many requests (a gateway in front of the org)"),
     503: ("SERVER_UNAVAILABLE", "Server temporarily unavailable"),
 }
 
@@ -358,6 +405,9 @@ def handle(state: NexusCrmState, request: SimRequest) -> SimResponse:
 
 
 def _token(state: NexusCrmState, request: SimRequest) -> SimResponse:
+    spent = state._allocation_spent()
+    if spent:
+        return _status_error(403, {"sforce-limit-info": spent})
     form = {k: v[0] for k, v in parse_qs(request.body.decode("utf-8", "replace")).items()}
     if form.get("grant_type") != "client_credentials":
         return _json(400, {"error": "unsupported_grant_type", "error_description": "grant type not supported"})
@@ -383,7 +433,10 @@ def _data_call(state: NexusCrmState, request: SimRequest, version: str, run: Cal
         return _error(404, "NOT_FOUND", f"API version {version} is not simulated")
     if not state._token_valid(request.authorization):
         return _status_error(401)
-    limit_header = {"sforce-limit-info": state._use_api_call()}
+    allowed, usage = state._use_api_call()
+    limit_header = {"sforce-limit-info": usage}
+    if not allowed:
+        return _status_error(403, limit_header)
     response = run()
     return SimResponse(response.status, response.body, {**response.headers, **limit_header}, response.hang_s)
 
@@ -397,45 +450,91 @@ def _describe(state: NexusCrmState, object_name: str) -> SimResponse:
     return _json(200, {"name": obj.name, "label": obj.name, "custom": True, "createable": True, "fields": fields})
 
 
+def _reject_number_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _parse_upsert_body(body: bytes) -> tuple[bool, list[Any]]:
+    """allOrNone and the records of a well-formed body; raises RequestRejected."""
+    try:
+        payload = json.loads(body, parse_float=Decimal, parse_constant=_reject_number_constant)
+    except ValueError:
+        raise RequestRejected("JSON_PARSER_ERROR", "The request body is not valid JSON") from None
+    records = payload.get("records") if isinstance(payload, dict) else None
+    all_or_none = payload.get("allOrNone", False) if isinstance(payload, dict) else None
+    if not isinstance(records, list) or not isinstance(all_or_none, bool) or set(payload) - {"allOrNone", "records"}:
+        raise RequestRejected("JSON_PARSER_ERROR", "Body must be {\"allOrNone\": <boolean>, \"records\": [...]}")
+    if len(records) > MAX_RECORDS:
+        message = f"record limit reached. cannot submit more than {MAX_RECORDS} records into this call"
+        raise RequestRejected("EXCEEDED_ID_LIMIT", message)
+    return all_or_none, records
+
+
+def _check_request(obj: _Object, external_id_field: str, records: list[Any]) -> None:
+    """Everything Salesforce refuses for the whole request before writing any record."""
+    key_spec = obj.fields.get(external_id_field)
+    if key_spec is None or not key_spec.external_id:
+        message = f"Provided external ID field does not exist or is not accessible: {external_id_field}"
+        raise RequestRejected("INVALID_FIELD", message)
+    for raw in records:
+        if not isinstance(raw, dict):
+            raise RequestRejected("JSON_PARSER_ERROR", "Each record must be a JSON object")
+        for name, value in raw.items():
+            if name == "attributes":
+                continue
+            spec = obj.fields.get(name)
+            if spec is None:
+                raise RequestRejected("INVALID_FIELD", f"No such column '{name}' on sobject of type {obj.name}")
+            check_value(spec, value)
+
+
 def _upsert(state: NexusCrmState, object_name: str, external_id_field: str, body: bytes) -> SimResponse:
     fault = state.faults.pop()
     if fault and fault.kind is FaultKind.STATUS:
         headers = {"retry-after": fault.retry_after} if fault.retry_after is not None else None
         return _status_error(fault.status_code, headers)
-    try:
-        payload = json.loads(body)
-    except ValueError:
-        payload = None
-    records = payload.get("records") if isinstance(payload, dict) else None
-    # allOrNone=true (rollback on any failure) is not simulated.
-    if not isinstance(records, list) or payload.get("allOrNone", False) is not False:
-        return _error(400, "JSON_PARSER_ERROR", "Body must be {'allOrNone': false, 'records': [...]}")
-    if len(records) > MAX_RECORDS:
-        message = f"record limit reached. cannot submit more than {MAX_RECORDS} records into this call"
-        return _error(400, "EXCEEDED_ID_LIMIT", message)
+    if fault and fault.kind is FaultKind.REJECT_REQUEST:
+        return _error(fault.status_code, fault.error_code, fault.message)
     locked = fault.external_ids if fault and fault.kind is FaultKind.LOCK_ROWS else frozenset()
-    with state._lock:
-        obj = state._objects.get(object_name)
-        if obj is None:
-            return _error(404, "NOT_FOUND", "The requested resource does not exist")
-        key_spec = obj.fields.get(external_id_field)
-        if key_spec is None or not key_spec.external_id:
-            message = f"Provided external ID field does not exist or is not accessible: {external_id_field}"
-            return _error(400, "INVALID_FIELD", message)
-        keys = Counter(str(r.get(external_id_field)) for r in records if isinstance(r, dict))
-        results = [_upsert_one(state, obj, external_id_field, raw, locked, keys) for raw in records]
+    try:
+        all_or_none, records = _parse_upsert_body(body)
+        with state._lock:
+            obj = state._objects.get(object_name)
+            if obj is None:
+                return _error(404, "NOT_FOUND", "The requested resource does not exist")
+            _check_request(obj, external_id_field, records)
+            results = _apply(state, obj, external_id_field, records, locked, all_or_none)
+    except RequestRejected as rejected:
+        return _error(400, rejected.code, rejected.message)
     return _after_apply(fault, results, external_id_field, records)
+
+
+def _apply(state: NexusCrmState, obj: _Object, key_field: str, records: list[dict], locked: frozenset[str],
+           all_or_none: bool) -> list[dict[str, Any]]:
+    """Write the records in order; with allOrNone, undo them all when one fails. The
+    caller holds the state lock, which is what makes the external ID unique under
+    concurrent upserts."""
+    keys = Counter(str(r.get(key_field)) for r in records)
+    undo: list[tuple[str, dict[str, Any] | None]] = []
+    results = [_upsert_one(state, obj, key_field, raw, locked, keys, undo) for raw in records]
+    if not all_or_none or all(r["success"] for r in results):
+        return results
+    for record_id, old in reversed(undo):
+        obj.store(record_id, old)
+    return [r if not r["success"] else _record_error(*ROLLED_BACK) for r in results]
 
 
 def _after_apply(fault: Fault | None, results: list[Any], key_field: str, records: list[Any]) -> SimResponse:
     kind = fault.kind if fault else None
     if kind is FaultKind.MALFORMED_JSON:
         # Without its closing bracket the list is never valid JSON.
-        return SimResponse(200, json.dumps(results).encode()[:-1], {"content-type": "application/json"})
+        return SimResponse(200, _dumps(results)[:-1], {"content-type": "application/json"})
     if kind is FaultKind.FAIL_AFTER_APPLY:
         return _status_error(fault.status_code)
     if kind is FaultKind.TIMEOUT_AFTER_APPLY:
         return SimResponse(504, b"", {}, hang_s=fault.hang_s)
+    if kind is FaultKind.REORDER_RESULTS:
+        results = results[-1:] + results[:-1]
     if kind is FaultKind.DROP_RESULT:
         keys = [str(r.get(key_field)) if isinstance(r, dict) else None for r in records]
         for i in reversed([i for i, key in enumerate(keys) if key in fault.external_ids]):
@@ -443,7 +542,11 @@ def _after_apply(fault: Fault | None, results: list[Any], key_field: str, record
                 results[i] = None
             else:
                 del results[i]
-    return _json(200, results)
+    return SimResponse(200, _dumps(results), {"content-type": "application/json"})
+
+
+def _dumps(payload: Any) -> bytes:
+    return json.dumps(payload, default=str).encode()
 
 
 def _record_error(code: str, message: str, fields: list[str] | None = None) -> dict[str, Any]:
@@ -451,11 +554,11 @@ def _record_error(code: str, message: str, fields: list[str] | None = None) -> d
 
 
 def _upsert_one(
-    state: NexusCrmState, obj: _Object, key_field: str, raw: Any, locked: frozenset[str], keys: Counter[str]
+    state: NexusCrmState, obj: _Object, key_field: str, raw: dict[str, Any], locked: frozenset[str],
+    keys: Counter[str], undo: list[tuple[str, dict[str, Any] | None]],
 ) -> dict[str, Any]:
-    """Validate and write one record; the caller holds the state lock, which is what makes
-    the external ID unique under concurrent upserts."""
-    attributes = raw.get("attributes") if isinstance(raw, dict) else None
+    """Validate and write one record (its old state goes on `undo`)."""
+    attributes = raw.get("attributes")
     if not isinstance(attributes, dict) or attributes.get("type") != obj.name:
         return _record_error("INVALID_TYPE", f"Each record must carry attributes.type = {obj.name}")
     values = {k: v for k, v in raw.items() if k != "attributes"}
@@ -466,27 +569,14 @@ def _upsert_one(
         return _record_error("DUPLICATE_VALUE", f"Duplicate external id specified: {key}", [key_field])
     if str(key) in locked:
         return _record_error("UNABLE_TO_LOCK_ROW", "unable to obtain exclusive access to this record or 1 records")
-    unknown = [name for name in values if name not in obj.fields]
-    if unknown:
-        return _record_error("INVALID_FIELD", f"No such column '{unknown[0]}' on sobject of type {obj.name}", unknown)
     matches = obj.find(key_field, key)
     if len(matches) > 1:
         message = f"{key_field}: more than one record found for external id field: {matches}"
         return _record_error("DUPLICATE_EXTERNAL_ID", message, [key_field])
     existing = obj.records.get(matches[0]) if matches else None
-    action = "updateable" if existing else "createable"
-    denied = [name for name in values if not getattr(obj.fields[name], action)]
-    if denied:
-        return _record_error(
-            "INVALID_FIELD_FOR_INSERT_UPDATE",
-            f"Unable to create/update fields: {', '.join(denied)}. Please check the security settings of this field.",
-            denied,
-        )
-    too_long = [n for n, v in values.items() if isinstance(v, str) and 0 < obj.fields[n].length < len(v)]
-    if too_long:
-        spec = obj.fields[too_long[0]]
-        message = f"{spec.name}: data value too large (max length={spec.length})"
-        return _record_error("STRING_TOO_LONG", message, too_long)
+    problem = _field_problem(obj, values, existing)
+    if problem:
+        return problem
     merged = {**(existing or {}), **values}
     for rule in obj.rules:
         message = rule(merged)
@@ -501,9 +591,36 @@ def _upsert_one(
             message = f"duplicate value found: {name} duplicates value on record with id: {others[0]}"
             return _record_error("DUPLICATE_VALUE", message, [name])
     now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    if existing is None:
+        defaults = {n: False for n, s in obj.fields.items() if s.defaulted_on_create and n not in merged}
+        merged = {**defaults, **merged}
     merged.update(Id=record_id, LastModifiedDate=now, CreatedDate=existing["CreatedDate"] if existing else now)
+    undo.append((record_id, existing))
     obj.store(record_id, merged)
     return {"id": record_id, "success": True, "errors": [], "created": existing is None}
+
+
+def _field_problem(obj: _Object, values: dict[str, Any], existing: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The first field-level error of a record: access (FLS/CRUD), limits, required fields."""
+    action = "updateable" if existing else "createable"
+    denied = [name for name in values if not getattr(obj.fields[name], action)]
+    if denied:
+        return _record_error(
+            "INVALID_FIELD_FOR_INSERT_UPDATE",
+            f"Unable to create/update fields: {', '.join(denied)}. Please check the security settings of this field.",
+            denied,
+        )
+    for name, value in values.items():
+        error = record_error(obj.fields[name], value)
+        if error:
+            return _record_error(*error, [name])
+    if existing is None:
+        missing = [n for n, spec in obj.fields.items() if spec.required_on_create and n not in SERVER_MANAGED_FIELDS
+                   and values.get(n) is None]
+        if missing:
+            return _record_error("REQUIRED_FIELD_MISSING", f"Required fields are missing: [{', '.join(missing)}]",
+                                 missing)
+    return None
 
 
 # -- adapters -------------------------------------------------------------------------

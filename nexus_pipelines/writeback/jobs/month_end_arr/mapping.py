@@ -17,36 +17,34 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any, ClassVar
 
+from nexus_pipelines.integrations.nexuscrm import FieldContract
 from nexus_pipelines.writeback.mapping import (
     EXTERNAL_ID_COLUMN,
     SOURCE_UPDATED_AT_COLUMN,
     Mapper,
     MappingError,
-    bounded_text,
     exact_decimal,
     iso_date,
     require,
     utc_timestamp,
 )
 
-ARR_PRECISION = 16
-ARR_SCALE = 2
 CURRENCIES = frozenset({"USD", "EUR", "GBP", "JPY", "CNY", "SGD", "AUD", "CAD"})
+ARR_AMOUNT = FieldContract("ARR_Amount__c", "currency", precision=16, scale=2)
 
 
 class MonthEndArrMapper(Mapper):
     TARGET_OBJECT: ClassVar[str] = "Month_End_ARR__c"
-    EXTERNAL_ID_FIELD: ClassVar[str] = "Month_End_ARR_Key__c"
-    OWNED_FIELDS: ClassVar[frozenset[str]] = frozenset(
-        {
-            "Month_End_ARR_Key__c",
-            "Account_External_Id__c",
-            "Month__c",
-            "ARR_Amount__c",
-            "Currency_Code__c",
-            "Product_Line__c",
-            "Source_Updated_At__c",
-        }
+    # The write contract as deployed in NexusCRM: the preflight compares it with the
+    # describe, and every emitted value is bounded by it.
+    FIELDS: ClassVar[tuple[FieldContract, ...]] = (
+        FieldContract("Month_End_ARR_Key__c", "string", length=40, nillable=False, external_id=True),
+        FieldContract("Account_External_Id__c", "string", length=18),
+        FieldContract("Month__c", "date"),
+        ARR_AMOUNT,
+        FieldContract("Currency_Code__c", "string", length=3),
+        FieldContract("Product_Line__c", "string", length=80),
+        FieldContract("Source_Updated_At__c", "datetime"),
     )
     CLEARABLE_FIELDS: ClassVar[frozenset[str]] = frozenset({"Product_Line__c"})
     SOURCE_COLUMNS: ClassVar[Mapping[str, str]] = {
@@ -56,14 +54,11 @@ class MonthEndArrMapper(Mapper):
         "currency_code": "STRING",
         "product_line": "STRING",
     }
-    # Target field lengths, checked again by the CRM preflight/describe in tests.
-    KEY_LENGTH: ClassVar[int] = 40
-    ACCOUNT_LENGTH: ClassVar[int] = 18
-    PRODUCT_LINE_LENGTH: ClassVar[int] = 80
 
     def map_row(self, row: Mapping[str, Any]) -> dict[str, Any]:
-        key = bounded_text(require(row, EXTERNAL_ID_COLUMN, str), self.EXTERNAL_ID_FIELD, max_length=self.KEY_LENGTH)
-        account = bounded_text(require(row, "account_id", str), "Account_External_Id__c", max_length=self.ACCOUNT_LENGTH)
+        # Text lengths and characters are bounded by FIELDS when the payload is checked.
+        key = require(row, EXTERNAL_ID_COLUMN, str)
+        account = require(row, "account_id", str)
         month = require(row, "month_start", date)
         if isinstance(month, datetime):
             raise MappingError(None, "month_start", "expected DATE, got TIMESTAMP")
@@ -71,14 +66,12 @@ class MonthEndArrMapper(Mapper):
             raise MappingError(None, "month_start", "must be the first day of a month")
         if key != f"{account}:{month:%Y-%m}":
             raise MappingError(None, EXTERNAL_ID_COLUMN, "does not match account_id and month_start")
-        amount = exact_decimal(require(row, "arr_amount", (Decimal, int)), "ARR_Amount__c",
-                               precision=ARR_PRECISION, scale=ARR_SCALE)
+        amount = exact_decimal(require(row, "arr_amount", (Decimal, int)), ARR_AMOUNT.name,
+                               precision=ARR_AMOUNT.precision, scale=ARR_AMOUNT.scale)
         currency = require(row, "currency_code", str)
         if currency not in CURRENCIES:
             raise MappingError(None, "currency_code", "not a supported ISO 4217 currency code")
         product_line = require(row, "product_line", str, nullable=True)
-        if product_line is not None:
-            product_line = bounded_text(product_line, "Product_Line__c", max_length=self.PRODUCT_LINE_LENGTH)
         updated = require(row, SOURCE_UPDATED_AT_COLUMN, datetime)
         return {
             "Month_End_ARR_Key__c": key,

@@ -1,0 +1,62 @@
+"""Read-only views of the writeback ledger for operators (`nexus-pipelines writeback ...`).
+
+Each listing is one parameterized query over fixed columns; filters are equality
+tests on a fixed set of columns, newest first, bounded by a limit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from psycopg import Connection, sql
+
+
+@dataclass(frozen=True)
+class Listing:
+    table: str
+    columns: tuple[str, ...]
+    filters: Mapping[str, str]  # filter name -> column
+    order: str
+
+
+RUNS = Listing(
+    "outbound_runs",
+    ("job_name", "run_id", "status", "started_at", "ended_at", "selected_rows", "unchanged_rows", "succeeded_rows",
+     "retryable_failed_rows", "permanently_failed_rows", "batches", "crm_calls", "crm_api_usage", "source_run_id",
+     "error_message"),
+    {"job": "job_name", "status": "status", "run_id": "run_id"},
+    "started_at DESC, run_id",
+)
+RECORDS = Listing(
+    "outbound_records",
+    ("job_name", "external_id", "status", "attempt_count", "crm_record_id", "error_code", "next_retry_at",
+     "last_attempt_run_id", "last_success_run_id", "updated_at", "error_message"),
+    {"job": "job_name", "status": "status", "external_id": "external_id", "run_id": "last_attempt_run_id"},
+    "updated_at DESC, job_name, external_id",
+)
+ATTEMPTS = Listing(
+    "outbound_record_attempts",
+    ("attempted_at", "job_name", "run_id", "batch_id", "external_id", "attempt_number", "status", "http_status",
+     "crm_record_id", "error_code", "duration_ms", "error_message"),
+    {"job": "job_name", "status": "status", "external_id": "external_id", "run_id": "run_id"},
+    "attempted_at DESC, external_id",
+)
+
+
+def fetch(conn: Connection, listing: Listing, *, limit: int, **filters: Any) -> list[dict[str, Any]]:
+    """Rows of `listing` matching every given filter (None: no filter), as dicts."""
+    where, params = [], []
+    for name, value in filters.items():
+        if value is not None:
+            where.append(sql.SQL("{} = %s").format(sql.Identifier(listing.filters[name])))
+            params.append(value)
+    query = sql.SQL("SELECT {columns} FROM {table}{where} ORDER BY {order} LIMIT %s").format(
+        columns=sql.SQL(", ").join(sql.Identifier(c) for c in listing.columns),
+        table=sql.Identifier(listing.table),
+        where=sql.SQL(" WHERE ") + sql.SQL(" AND ").join(where) if where else sql.SQL(""),
+        order=sql.SQL(listing.order),
+    )
+    rows = conn.execute(query, [*params, limit]).fetchall()
+    return [dict(zip(listing.columns, row, strict=True)) for row in rows]
