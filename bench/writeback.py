@@ -34,7 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def _serve_simulator(latency_s: float, conn) -> None:
     """Simulator process: serve over HTTP, answer 'calls' and 'stop' over the pipe."""
-    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, serve_in_thread
+    from nexus_pipelines.local.simulators.http import serve_in_thread
+    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
     state = NexusCrmState(latency_s=latency_s, api_limit=10_000_000)

@@ -51,12 +51,8 @@ def run_demo(echo: Callable[[str], None]) -> int:
 
 def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
     from nexus_pipelines.integrations.bigquery import make_bigquery_client
-    from nexus_pipelines.local.simulators.nexuscrm import (
-        NexusCrmState,
-        build_nexuscrm_app,
-        rejects_negative,
-        serve_in_thread,
-    )
+    from nexus_pipelines.local.simulators.http import serve_in_thread
+    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, rejects_negative
     from nexus_pipelines.writeback.execute import default_resources, run_in_process
     from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper

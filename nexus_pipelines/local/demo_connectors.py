@@ -207,7 +207,8 @@ def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path
             stop()
         for tracker in trackers:
             tracker.state.save(tracker.state_file)
-    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain)")
+    echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain), the tickets on its "
+         "pages at http://127.0.0.1:3100 (sign in with a credential from `nexus-pipelines actors add`)")
     return 0 if all(ok) else 1
 
 
@@ -247,7 +248,7 @@ def _run_registration(echo: Callable[[str], None], tracker: DemoTracker, registr
     echo(f"  poll       {p['pages']} pages, {p['issues_seen']} issues seen, {p['admitted']} new versions, "
          f"{p['excluded']} excluded ({tracker.skipped}), {p['api_calls']} API calls; {first['drained']} work items "
          "applied")
-    echo(f"  tickets    {after_intake['tickets']} connector tickets, each UNTRIAGED at P2 "
+    echo(f"  tickets    {after_intake['tickets']} connector tickets, each created UNTRIAGED at P2 "
          "(`nexus-pipelines tickets list`)")
     echo(f"  close-back ticket {ticket.ticket_id} ({ticket.external_ref}) proof {proof.proof_id}"
          f"{'' if proof.created else ' (recorded by an earlier demo)'}: the issue is {state}, "
@@ -255,4 +256,6 @@ def _run_registration(echo: Callable[[str], None], tracker: DemoTracker, registr
     unchanged = after_replay == after_close
     echo(f"  replay     poll + route + drain again: {replay['poll']['admitted']} new versions, "
          f"{'nothing changed' if unchanged else 'CHANGED: ' + str(after_replay)}")
+    echo(f"  triage     ticket {ticket.ticket_id} accepted by demo-commander at P1 before its proof; the others wait "
+         "UNTRIAGED in Attention")
     return unchanged and len(marked) == 1 and state == "closed" and after_close["close receipts"] >= 1

@@ -18,8 +18,8 @@ from nexus_pipelines.local.simulators.nexuscrm import (
     RequestLogEntry,
     SimulatorTransport,
     build_nexuscrm_app,
-    serve_in_thread,
 )
+from nexus_pipelines.local.simulators.http import serve_in_thread
 
 OBJECT = "Invoice__c"
 KEY = "Ext_Id__c"

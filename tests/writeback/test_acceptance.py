@@ -11,7 +11,8 @@ import uuid
 import pytest
 
 from nexus_pipelines.integrations.nexuscrm import NexusCrmClient, NexusCrmCredentials
-from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app, serve_in_thread
+from nexus_pipelines.local.simulators.http import serve_in_thread
+from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 

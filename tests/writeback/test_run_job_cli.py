@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
-from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app, serve_in_thread
+from nexus_pipelines.local.simulators.http import serve_in_thread
+from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
 
 from .support import new_state, write_config

@@ -15,7 +15,7 @@ The request handling is one plain function, `handle(state, request)`, over `Nexu
 Two thin adapters expose it:
 
 - `build_nexuscrm_app(state)`: a Starlette ASGI app, served over real HTTP with
-  `serve_in_thread` (local stack, benchmarks);
+  `nexus_pipelines.local.simulators.http.serve_in_thread` (local stack, benchmarks);
 - `SimulatorTransport(state)`: a sync `httpx.BaseTransport` for tests, with no network.
   (httpx's ASGITransport is async-only, so it cannot back the sync client.)
 
@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import socket
 import threading
 import time
 from collections import Counter, deque
@@ -44,12 +43,12 @@ from urllib.parse import parse_qs
 
 import anyio
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
 
 from nexus_pipelines.integrations.nexuscrm import FieldContract
 from nexus_pipelines.local.simulators.nexuscrm_fields import FieldSpec, RequestRejected, check_value, record_error
@@ -653,27 +652,3 @@ def build_nexuscrm_app(state: NexusCrmState) -> Starlette:
         return Response(sim.body, status_code=sim.status, headers=sim.headers)
 
     return Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PATCH", "PUT", "DELETE"])])
-
-
-def serve_in_thread(app: Any, port: int = 0, *, startup_timeout_s: float = 10.0) -> tuple[str, Callable[[], None]]:
-    """Serve an ASGI app on 127.0.0.1 from a daemon thread; returns (base URL, stop)."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", port))
-    bound_port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off", timeout_graceful_shutdown=5))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name=f"uvicorn-{bound_port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + startup_timeout_s
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            sock.close()
-            raise RuntimeError(f"simulator server on 127.0.0.1:{bound_port} did not start")
-        time.sleep(0.01)
-
-    def stop() -> None:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
-
-    return f"http://127.0.0.1:{bound_port}", stop
