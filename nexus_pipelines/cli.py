@@ -58,10 +58,14 @@ def local_down() -> None:
 @main.command("migrate")
 def migrate() -> None:
     """Apply pending control-plane migrations to NEXUS_PG_DSN."""
+    from nexus_pipelines.cli_common import control_connection
     from nexus_pipelines.control.migrations import MigrationError, apply_migrations
 
+    dsn = control_dsn()
+    with control_connection(dsn):
+        pass  # an unreachable server is one line, before the migration runner's own connect
     try:
-        applied = apply_migrations(control_dsn())
+        applied = apply_migrations(dsn)
     except MigrationError as exc:
         raise UserError(str(exc)) from exc
     click.echo("applied: " + ", ".join(applied) if applied else "migrations are up to date")

@@ -71,6 +71,12 @@ class EmbeddedPostgres:
     def log_file(self) -> Path:
         return self.data_dir / "server.log"
 
+    def recorded_dsn(self, dbname: str = "postgres") -> str | None:
+        """The DSN of the port this server last ran on (it takes that port again when free)."""
+        if not self._port_file.exists():
+            return None
+        return PostgresInfo(int(self._port_file.read_text()), self.data_dir).dsn(dbname)
+
     def info(self) -> PostgresInfo | None:
         """The running server, or None."""
         if not self._port_file.exists() or not (self.data_dir / "postmaster.pid").exists():

@@ -53,8 +53,15 @@ class LocalStack:
         self.dagster_home = self.root / "dagster_home"
         self.env_file = self.root / "env"
 
+    @property
+    def embedded(self) -> bool:
+        """The embedded server is meant: no NEXUS_PG_DSN, or the one this stack wrote into its env
+        file (a shell that sourced it still means the embedded server, running or not)."""
+        dsn = self.settings.pg_dsn
+        return dsn is None or dsn == self.postgres.recorded_dsn(DATABASE)
+
     def up(self) -> StackInfo:
-        embedded = self.settings.pg_dsn is None
+        embedded = self.embedded
         if embedded:
             server = self.postgres.start()
             ensure_database(server.dsn(), DATABASE)
@@ -75,7 +82,7 @@ class LocalStack:
     def status(self) -> list[str]:
         pg = self.postgres.info()
         pg_line = f"postgres       running {pg.dsn(DATABASE)}" if pg else "postgres       stopped"
-        if self.settings.pg_dsn:
+        if not self.embedded:
             pg_line = f"postgres       {self.settings.pg_dsn} (NEXUS_PG_DSN)"
         bq = self.emulator.url()
         return [
@@ -88,7 +95,7 @@ class LocalStack:
         stopped = []
         if self.emulator.stop():
             stopped.append("bigquery emulator")
-        if self.settings.pg_dsn is None and self.postgres.stop():
+        if self.embedded and self.postgres.stop():
             stopped.append("postgres")
         return stopped
 

@@ -101,3 +101,13 @@ def test_the_migrate_command_applies_and_reports(empty_dsn, monkeypatch):
     assert first.exit_code == 0 and first.output.startswith("applied: 0001_fenced_leases.sql")
     second = CliRunner().invoke(main, ["migrate"])
     assert second.exit_code == 0 and "up to date" in second.output
+
+
+def test_migrate_against_an_unreachable_server_is_one_line_without_the_password():
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    result = CliRunner().invoke(main, ["migrate"], env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1 dbname=x password=pw123456"})
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    assert "cannot reach the control plane at 127.0.0.1:1/x" in result.output and "pw123456" not in result.output

@@ -85,3 +85,17 @@ def test_a_restarted_server_keeps_its_port_so_earlier_shells_still_work(tmp_path
         psycopg.connect(again.dsn(), connect_timeout=5).close()
     finally:
         server.stop()
+
+
+def test_up_status_and_down_mean_the_embedded_server_in_a_shell_that_sourced_its_env(tmp_path, monkeypatch):
+    monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
+    root = tmp_path / "stack"
+    first = LocalStack(NexusSettings(local_dir=root, pg_dsn=None)).up()
+    sourced = LocalStack(NexusSettings(local_dir=root, pg_dsn=first.pg_dsn))  # `. .nexus_local/env` was run
+    try:
+        assert sourced.down() == ["bigquery emulator", "postgres"]  # stops the server, not only the emulator
+        again = sourced.up()  # starts it again instead of refusing a dead DSN
+        assert again.pg_embedded and again.pg_dsn == first.pg_dsn
+        assert f"running {first.pg_dsn}" in "\n".join(sourced.status())
+    finally:
+        sourced.down()
