@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "installing nexus-pipelines into $(VENV) (pinned by constraints.txt)..."
 	@$(BIN)/python -m pip install -q --upgrade pip
-	@$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
+	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $(STAMP)
 
 test: $(STAMP)
@@ -28,7 +28,9 @@ PAGES_PORT ?= 3100
 dev: $(STAMP)
 	$(BIN)/nexus-pipelines local up
 	. .nexus_local/env && { $(BIN)/nexus-pipelines tickets serve --port $(PAGES_PORT) & pages=$$!; \
-		trap 'kill $$pages 2>/dev/null' EXIT INT TERM; $(BIN)/dagster dev -w workspace.yaml; }
+		trap 'kill $$pages 2>/dev/null' EXIT INT TERM; \
+		cd .nexus_local && PYTHONWARNINGS="ignore:Function \`dev_command\` is superseded" \
+		$(abspath $(BIN))/dagster dev -w $(CURDIR)/workspace.yaml; }
 
 up: $(STAMP)
 	$(BIN)/nexus-pipelines local up

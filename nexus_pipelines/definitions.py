@@ -6,9 +6,14 @@ module that holds more than one Definitions at module scope.
 
 from __future__ import annotations
 
-from dagster import Definitions, EnvVar
+import warnings
 
-from nexus_pipelines.control.resources import ControlPlaneResource
+from dagster import BetaWarning, Definitions, EnvVar
+
+# Dagster's own sensor decorator passes its beta `owners` parameter; nobody here can act on it.
+warnings.filterwarnings("ignore", message="Parameter `owners`", category=BetaWarning)
+
+from nexus_pipelines.control.resources import ControlPlaneResource  # noqa: E402 - after the warning filter
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
 from nexus_pipelines import bindings
