@@ -27,6 +27,11 @@ class NexusSettings(BaseSettings):
         default=PROJECT_ROOT / ".nexus_local",
         description="Where the embedded stack keeps Postgres data, emulator data and DAGSTER_HOME.",
     )
+    local_stack: bool = Field(
+        default=False,
+        description="Set by `. .nexus_local/env`: the code location runs on the embedded stack, so writeback "
+        "jobs default to their local configs (the simulators); never set in production.",
+    )
     bq_project: str = Field(default="nexus-local", description="BigQuery project for queries and jobs.")
     bq_location: str = Field(default="US", description="BigQuery location for query jobs.")
     connectors_dir: Path = Field(

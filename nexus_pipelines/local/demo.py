@@ -1,12 +1,15 @@
 """`make demo`: the local stack, then the month_end_arr writeback end to end.
 
-1. bring up the embedded stack (Postgres control plane, BigQuery emulator, DAGSTER_HOME);
-2. seed the emulator with a few thousand Month End ARR rows, some with a negative ARR
-   that the simulated CRM's validation rule rejects per record;
-3. serve the NexusCRM simulator over real HTTP on loopback (local mode allows http);
+1. bring up the embedded stack (Postgres control plane, BigQuery emulator, DAGSTER_HOME,
+   the provider sandbox);
+2. take the sandbox's ports and serve its simulators in this process (the demo reads
+   their state), seed the emulator with a fresh load of Month End ARR rows, some with a
+   negative ARR that the simulated CRM's validation rule rejects per record;
+3. the NexusCRM simulator answers over real HTTP on loopback (local mode allows http);
 4. run `month_end_arr` through its asset graph, then run it again unchanged;
 5. print each run's ledger status, counts and the upsert calls it made;
-6. run the GitLab and GitHub issue intake and close-back (`demo_connectors.py`).
+6. run the GitLab and GitHub issue intake and close-back (`demo_connectors.py`);
+7. hand the ports back to the stack's sandbox process, so `make dev` finds it running.
 """
 
 from __future__ import annotations
@@ -15,13 +18,10 @@ import os
 import time
 from collections.abc import Callable
 
+from nexus_pipelines.local.sandbox import REJECT_EVERY, SOURCE_DATASET, SOURCE_ROWS, Sandbox, environment, seed_source
 from nexus_pipelines.local.stack import LocalStack
-from nexus_pipelines.settings import PROJECT_ROOT, load_settings
+from nexus_pipelines.settings import load_settings
 
-DEMO_ROWS = 3000
-REJECT_EVERY = 250  # every 250th row has a negative ARR: 12 per-record rejections
-SOURCE_DATASET = "finance_marts"
-LOCAL_CONFIG = PROJECT_ROOT / "configs" / "jobs" / "month_end_arr.local.yaml"
 
 
 def run_demo(echo: Callable[[str], None]) -> int:
@@ -31,7 +31,8 @@ def run_demo(echo: Callable[[str], None]) -> int:
     started = time.monotonic()
     settings = load_settings()
     try:
-        info = LocalStack(settings).up()
+        stack = LocalStack(settings)
+        info = stack.up()
     except (StackError, MigrationError) as exc:
         echo(f"error: the local stack did not come up: {exc}")
         return 1
@@ -40,53 +41,48 @@ def run_demo(echo: Callable[[str], None]) -> int:
         echo("  " + line)
     echo(f"stack ready in {time.monotonic() - started:.1f}s")
     os.environ.update({"NEXUS_PG_DSN": info.pg_dsn, "NEXUS_BQ_EMULATOR_URL": info.bq_emulator_url,
-                       "NEXUS_BQ_PROJECT": settings.bq_project})
-    writeback = _writeback_demo(echo, info, settings.bq_project)
-    echo("")
+                       "NEXUS_BQ_PROJECT": settings.bq_project, **environment(settings.local_dir)})
     from nexus_pipelines.local.demo_connectors import run_connector_demo
 
-    intake = run_connector_demo(echo, dsn=info.pg_dsn, local_dir=settings.local_dir, instance=_instance(info))
+    stack.sandbox.stop()  # the demo serves the same simulators itself: it reads their state
+    sandbox = Sandbox(settings.local_dir)
+    try:
+        urls = sandbox.serve()
+    except RuntimeError as exc:
+        echo(f"error: {exc}; stop whatever uses the simulator ports (a `make dev` of another checkout?)")
+        return 1
+    try:
+        echo("simulators on " + ", ".join(urls) + f" (tracker data in {settings.local_dir / 'simulators'})")
+        writeback = _writeback_demo(echo, info, settings.bq_project, sandbox.crm)
+        echo("")
+        intake = run_connector_demo(echo, dsn=info.pg_dsn, trackers=sandbox.trackers, instance=_instance(info))
+    finally:
+        sandbox.stop()
+        stack.sandbox.start(bq_project=settings.bq_project, emulator_url=info.bq_emulator_url)
     return writeback or intake
 
 
-def _writeback_demo(echo: Callable[[str], None], info, bq_project: str) -> int:
-    from nexus_pipelines.integrations.bigquery import make_bigquery_client
-    from nexus_pipelines.local.simulators.http import serve_in_thread
-    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, build_nexuscrm_app, rejects_negative
+def _writeback_demo(echo: Callable[[str], None], info, bq_project: str, state) -> int:
     from nexus_pipelines.writeback.execute import default_resources, run_in_process
-    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+    from nexus_pipelines.writeback.registry import get_job
     from nexus_pipelines.writeback.report import records_command
 
-    client = make_bigquery_client(bq_project, "US", info.bq_emulator_url)
-    seed_source(client, SOURCE_DATASET, DEMO_ROWS, negative_every=REJECT_EVERY,
-                load_run_id=f"demo-load-{int(time.time())}")
-    echo(f"seeded {DEMO_ROWS} Month End ARR rows in {bq_project}.{SOURCE_DATASET} "
-         f"({DEMO_ROWS // REJECT_EVERY} with a negative ARR the CRM rejects)")
-
-    # The CRM object as the mapper declares it, with the org's rule against negative ARR.
+    seed_source(bq_project, info.bq_emulator_url)
+    echo(f"seeded {SOURCE_ROWS} Month End ARR rows in {bq_project}.{SOURCE_DATASET} "
+         f"({SOURCE_ROWS // REJECT_EVERY} with a negative ARR the CRM rejects)")
     obj = MonthEndArrMapper.TARGET_OBJECT
-    state = NexusCrmState()
-    state.define_object_from_contract(obj, MonthEndArrMapper.FIELDS, key_prefix="a0M")
-    state.add_validation_rule(obj, rejects_negative("ARR_Amount__c"))
-    url, stop = serve_in_thread(build_nexuscrm_app(state))
-    # Simulator credentials: demo values, not secrets; read through the named env vars.
-    os.environ.update({"NEXUSCRM_BASE_URL": url, "NEXUSCRM_CLIENT_ID": state.client_id,
-                       "NEXUSCRM_CLIENT_SECRET": state.client_secret})
-    echo(f"NexusCRM simulator on {url}")
     resources = default_resources(info.pg_dsn)
     instance = _instance(info)
     outcomes = []
-    try:
-        for label in ("first run", "rerun"):
-            before = state.calls().get("upsert", 0)
-            t0 = time.monotonic()
-            outcome = run_in_process("month_end_arr", str(LOCAL_CONFIG), resources=resources, instance=instance,
-                                     log_level="CRITICAL")  # the summary below reports each run
-            upserts = state.calls().get("upsert", 0) - before
-            outcomes.append((label, outcome, upserts, time.monotonic() - t0))
-    finally:
-        stop()
+    for label in ("first run", "rerun"):
+        before = state.calls().get("upsert", 0)
+        t0 = time.monotonic()
+        outcome = run_in_process("month_end_arr", str(get_job("month_end_arr").local_config_path),
+                                 resources=resources, instance=instance,
+                                 log_level="CRITICAL")  # the summary below reports each run
+        upserts = state.calls().get("upsert", 0) - before
+        outcomes.append((label, outcome, upserts, time.monotonic() - t0))
     echo("")
     echo("month_end_arr writeback summary")
     for label, o, upserts, seconds in outcomes:

@@ -1,11 +1,9 @@
 """The issue-intake part of `make demo`: one GitLab and one GitHub registration side by side,
 each against its simulator on loopback, through the code location's own Dagster jobs.
 
-1. serve the GitLab simulator on 127.0.0.1:18929 and the GitHub simulator on
-   127.0.0.1:18930 (their data persists in `.nexus_local/simulators/`, like a real
-   tracker between demo runs) and seed a project and a repository the first time (the
-   repository gets a pull request too, which the connector skips); the GitHub App's key
-   is made fresh each run and only its public half is registered with the simulator;
+1. the sandbox's GitLab and GitHub simulators (`sandbox.py`) serve a project and a
+   repository seeded the first time (the repository gets a pull request too, which the
+   connector skips);
 2. activate the `demo-gitlab` and `demo-github` registrations (configs/connectors/local);
 3. per registration, run the poll, receipt-router and drain jobs: issues in, tickets out
    (UNTRIAGED, P2);
@@ -18,84 +16,11 @@ each against its simulator on loopback, through the code location's own Dagster 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from datetime import UTC, datetime
-from pathlib import Path
 
 from dagster import DagsterInstance
 
-from dataclasses import dataclass
-from datetime import timedelta
-
-DEMO_ISSUES = 24
-GITLAB_PROJECT_ID, GITLAB_PORT = 278964, 18929
-# The GitLab simulator's demo credential: not a secret, read through the reference the registration names.
-GITLAB_TOKEN = "demo-gitlab-project-token-not-a-secret"
-GITLAB_TOKEN_ENV = "NEXUS_DEMO_GITLAB_TOKEN"
-GITHUB_PORT, GITHUB_KEY_ENV = 18930, "NEXUS_DEMO_GITHUB_APP_KEY"
-
-
-def _issues(add, skipped) -> None:
-    start = datetime.now(UTC) - timedelta(days=3)
-    for n in range(DEMO_ISSUES):
-        add(f"Platform issue {n + 1}", f"Reported problem {n + 1}.", ["bug"] if n % 3 == 0 else ["feature"],
-            start + timedelta(minutes=n))
-    skipped()
-
-
-@dataclass
-class DemoTracker:
-    """One simulator the demo serves and the registration that polls it."""
-
-    name: str  # gitlab | github
-    registration_id: str
-    skipped: str  # what the connector skips there
-    state: object
-    app: object
-    port: int
-    state_file: Path
-
-    def issue(self, external_ref: str) -> tuple[str, list[str]]:
-        """(state, comment bodies) of an issue at the tracker."""
-        container, number = (int(part) for part in external_ref.split(":")[1:])
-        issue = self.state.issue(container, number)
-        if self.name == "gitlab":
-            return ("closed" if issue.state == "closed" else "open"), [n.body for n in issue.notes]
-        return issue.state, [c.body for c in issue.comments]
-
-
-def _gitlab(local_dir: Path) -> DemoTracker:
-    from nexus_pipelines.local.simulators.gitlab import GitLabState, build_gitlab_app
-
-    state, state_file = GitLabState(), local_dir / "simulators" / "gitlab.json"
-    if not state.load(state_file):
-        state.add_project(GITLAB_PROJECT_ID, "acme/platform")
-        _issues(lambda t, d, labels, at: state.add_issue(GITLAB_PROJECT_ID, title=t, description=d, labels=labels,
-                                                         updated_at=at),
-                lambda: state.add_issue(GITLAB_PROJECT_ID, title="A task the connector skips", issue_type="task"))
-    state.add_token(GITLAB_TOKEN, GITLAB_PROJECT_ID, scopes=("api",))
-    os.environ[GITLAB_TOKEN_ENV] = GITLAB_TOKEN
-    return DemoTracker("gitlab", "acme/demo-gitlab", "a task", state, build_gitlab_app(state), GITLAB_PORT, state_file)
-
-
-def _github(local_dir: Path, registration) -> DemoTracker:
-    from nexus_pipelines.local.simulators.github import GitHubState, app_key_pair, build_github_app
-
-    config = registration.provider
-    state, state_file = GitHubState(), local_dir / "simulators" / "github.json"
-    if not state.load(state_file):
-        state.add_repository(config.repository_id, config.owner, config.repo)
-        _issues(lambda t, d, labels, at: state.add_issue(config.repository_id, title=t, body=d, labels=labels,
-                                                         updated_at=at),
-                lambda: state.add_issue(config.repository_id, title="A pull request the connector skips",
-                                        pull_request=True))
-    private, public = app_key_pair()  # a fresh App key each run; only the public half is registered
-    state.add_app(config.app_id, public)
-    state.install(config.installation_id, config.app_id, [config.repository_id])
-    os.environ[GITHUB_KEY_ENV] = private
-    return DemoTracker("github", "acme/demo-github", "a pull request", state, build_github_app(state), GITHUB_PORT,
-                       state_file)
+from nexus_pipelines.local.sandbox import Tracker
 
 
 def _counts(conn, registration_id: str) -> dict[str, int]:
@@ -109,27 +34,6 @@ def _counts(conn, registration_id: str) -> dict[str, int]:
         "close receipts": one("SELECT count(*) FROM ticket_close_receipts r JOIN ticket_close_commands c"
                               " USING (command_id) WHERE c.tenant = %s AND c.registration_key = %s"),
     }
-
-
-def _accept_as_demo_commander(conn, ticket_id: int, project_id: str) -> None:
-    """Only an ACCEPTED ticket takes a proof: the demo's commander decides as a person would."""
-    from nexus_pipelines.actors.store import ActorError, add_actor, authenticate, grant, reissue
-    from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
-
-    try:
-        credential = add_actor(conn, "demo-commander", display_name="Demo Commander", created_by="demo")
-    except ActorError:  # an earlier demo added it: a fresh credential, never printed
-        credential = reissue(conn, "demo-commander", issued_by="demo")
-    grant(conn, "demo-commander", project_id, "commander", granted_by="demo")
-    commander = authenticate(conn, credential)
-    state, version = conn.execute("SELECT triage_state, version FROM tickets WHERE ticket_id = %s",
-                                  (ticket_id,)).fetchone()
-    if state != "UNTRIAGED":
-        return
-    set_connector_ticket_priority(conn, commander, client_command_id=f"demo:priority:{ticket_id}", ticket_id=ticket_id,
-                                  expected_version=version, priority="P1", reason="demo: first reported defect")
-    triage_connector_ticket(conn, commander, client_command_id=f"demo:accept:{ticket_id}", ticket_id=ticket_id,
-                            expected_version=version + 1, disposition="ACCEPTED", reason="demo: confirmed")
 
 
 def _accept_as_demo_commander(conn, ticket_id: int, project_id: str) -> None:
@@ -183,36 +87,20 @@ def _run_jobs(instance: DagsterInstance, dsn: str, registration_id: str) -> dict
             "drained": drain.output_for_node("workqueue_drain_op")["completed"]}
 
 
-def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path, instance: DagsterInstance) -> int:
+def run_connector_demo(echo: Callable[[str], None], *, dsn: str, trackers: list[Tracker],
+                       instance: DagsterInstance) -> int:
+    """Each tracker's registration through intake, triage, close-back and replay."""
     from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, load_registrations
-    from nexus_pipelines.local.simulators.http import serve_in_thread
 
     registrations = load_registrations(LOCAL_REGISTRATIONS_DIR)
-    trackers = [_gitlab(local_dir), _github(local_dir, registrations["acme/demo-github"])]
-    stops = []
-    try:
-        for tracker in trackers:
-            try:
-                url, stop = serve_in_thread(tracker.app, port=tracker.port)
-            except RuntimeError as exc:
-                echo(f"error: {exc}; stop whatever uses port {tracker.port} (an earlier demo?) and run make demo "
-                     "again")
-                return 1
-            stops.append(stop)
-            echo(f"{tracker.name} simulator on {url} (data in {tracker.state_file})")
-        ok = [_run_registration(echo, tracker, registrations[tracker.registration_id], dsn=dsn, instance=instance)
-              for tracker in trackers]
-    finally:
-        for stop in stops:
-            stop()
-        for tracker in trackers:
-            tracker.state.save(tracker.state_file)
+    ok = [_run_registration(echo, tracker, registrations[tracker.registration_id], dsn=dsn, instance=instance)
+          for tracker in trackers]
     echo("  the runs are in the Dagster UI of `make dev` (jobs connectors_poll, workqueue_drain), the tickets on its "
          "pages at http://127.0.0.1:3100 (sign in with a credential from `nexus-pipelines actors add`)")
     return 0 if all(ok) else 1
 
 
-def _run_registration(echo: Callable[[str], None], tracker: DemoTracker, registration, *, dsn: str,
+def _run_registration(echo: Callable[[str], None], tracker: Tracker, registration, *, dsn: str,
                       instance: DagsterInstance) -> bool:
     from nexus_pipelines.cli_common import operator
     from nexus_pipelines.connectors.core.activation import activate

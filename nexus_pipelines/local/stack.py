@@ -18,10 +18,15 @@ from nexus_pipelines.control.migrations import apply_migrations
 from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
 from nexus_pipelines.local.dagster_home import write_local_home
 from nexus_pipelines.local.postgres import EmbeddedPostgres, StackError, ensure_database
+from nexus_pipelines.local.sandbox import PORTS, SandboxProcess, environment
 from nexus_pipelines.settings import NexusSettings
 from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR
 
 DATABASE = "nexus"
+
+
+def simulators_text(ports: tuple[int, int, int]) -> str:
+    return f"NexusCRM :{ports[0]}, GitLab :{ports[1]}, GitHub :{ports[2]} (127.0.0.1)"
 
 
 @dataclass(frozen=True)
@@ -32,12 +37,14 @@ class StackInfo:
     dagster_home: Path
     env_file: Path
     migrations_applied: list[str]
+    sandbox_ports: tuple[int, int, int] = PORTS
 
     def lines(self) -> list[str]:
         source = "embedded" if self.pg_embedded else "NEXUS_PG_DSN"
         return [
             f"postgres       {self.pg_dsn}  ({source})",
             f"bigquery       {self.bq_emulator_url}  (emulator)",
+            f"simulators     {simulators_text(self.sandbox_ports)}",
             f"dagster home   {self.dagster_home}",
             f"migrations     {len(self.migrations_applied)} applied now" if self.migrations_applied else "migrations     up to date",
             f"environment    . {self.env_file}",
@@ -45,13 +52,14 @@ class StackInfo:
 
 
 class LocalStack:
-    def __init__(self, settings: NexusSettings) -> None:
+    def __init__(self, settings: NexusSettings, *, sandbox_ports: tuple[int, int, int] = PORTS) -> None:
         self.settings = settings
         self.root = settings.local_dir
         self.postgres = EmbeddedPostgres(self.root / "postgres")
         self.emulator = EmulatorProcess(self.root / "emulator")
         self.dagster_home = self.root / "dagster_home"
         self.env_file = self.root / "env"
+        self.sandbox = SandboxProcess(self.root, sandbox_ports)
 
     @property
     def embedded(self) -> bool:
@@ -75,9 +83,10 @@ class LocalStack:
             raise StackError(f"cannot connect to {where}: {str(exc).strip().splitlines()[-1]}; "
                              "check that the server runs and the DSN is right") from exc
         bq_url = self.emulator.start()
+        self.sandbox.start(bq_project=self.settings.bq_project, emulator_url=bq_url)
         write_local_home(self.dagster_home, dsn)
         self._write_env(dsn, bq_url)
-        return StackInfo(dsn, embedded, bq_url, self.dagster_home, self.env_file, applied)
+        return StackInfo(dsn, embedded, bq_url, self.dagster_home, self.env_file, applied, self.sandbox.ports)
 
     def status(self) -> list[str]:
         pg = self.postgres.info()
@@ -88,11 +97,15 @@ class LocalStack:
         return [
             pg_line,
             f"bigquery       running {bq}" if bq else "bigquery       stopped",
+            f"simulators     running {simulators_text(self.sandbox.ports)}" if self.sandbox.running()
+            else "simulators     stopped",
             f"dagster home   {self.dagster_home}" + ("" if (self.dagster_home / "dagster.yaml").exists() else " (not written)"),
         ]
 
     def down(self) -> list[str]:
         stopped = []
+        if self.sandbox.stop():
+            stopped.append("simulators")
         if self.emulator.stop():
             stopped.append("bigquery emulator")
         if self.embedded and self.postgres.stop():
@@ -108,6 +121,8 @@ class LocalStack:
                     f"export NEXUS_BQ_PROJECT='{self.settings.bq_project}'",
                     f"export DAGSTER_HOME='{self.dagster_home}'",
                     f"export NEXUS_CONNECTORS_DIR='{LOCAL_REGISTRATIONS_DIR}'",
+                    "export NEXUS_LOCAL_STACK=1",
+                    *[f"export {name}='{value}'" for name, value in environment(self.root, self.sandbox.ports).items()],
                     "",
                 ]
             )

@@ -29,7 +29,6 @@ Dagster with one line (`Failure`) whose metadata carries `JobResult.exit_code`.
 
 import logging
 from contextlib import closing
-from pathlib import Path
 
 from dagster import (
     AssetCheckResult,
@@ -72,7 +71,8 @@ class WritebackRunConfig(Config):
     external_ids: list[str] = Field(default_factory=list, description="Only these external IDs (one-record or allow-listed canary).")
     retry_failed: bool = Field(default=False, description="Send only rows whose current state is retryable_failed, ignoring their backoff.")
     force: bool = Field(default=False, description="Send rows even when their payload hash is unchanged (still an idempotent upsert).")
-    config_path: str | None = Field(default=None, description="Job config YAML; defaults to configs/jobs/<job>.yaml.")
+    config_path: str | None = Field(default=None, description="Job config YAML; defaults to configs/jobs/<job>.yaml "
+                                    "(configs/jobs/<job>.local.yaml on the local stack).")
     run_id: str | None = Field(default=None, description="Ledger run id for a deliberate replay; defaults to the Dagster run id.")
 
 
@@ -134,7 +134,7 @@ def build_writeback_assets(definition: JobDefinition):
                                       f"materialize all of its assets, or launch writeback_{job}_job",
                           allow_retries=False)
         try:
-            loaded = load_config(config.config_path) if config.config_path else load_config(definition.config_path)
+            loaded = load_config(config.config_path or definition.default_config())
         except ConfigError as exc:
             raise Failure(description=str(exc)) from None
         yield from run_in_dagster(context, definition, loaded, config)
@@ -252,7 +252,3 @@ class _DagsterLogAdapter(logging.Logger):
             self._context.log.warning(msg)
         else:
             self._context.log.debug(msg)
-
-
-def default_config_path(definition: JobDefinition) -> Path:
-    return definition.config_path

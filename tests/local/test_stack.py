@@ -8,9 +8,22 @@ from nexus_pipelines.local.stack import LocalStack
 from nexus_pipelines.settings import NexusSettings
 
 
+def free_ports(n: int = 3) -> tuple[int, ...]:
+    import socket
+
+    sockets = [socket.socket() for _ in range(n)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = tuple(sock.getsockname()[1] for sock in sockets)
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
 def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch):
     monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
-    stack = LocalStack(NexusSettings(local_dir=tmp_path / "stack", pg_dsn=None))
+    ports = free_ports()
+    stack = LocalStack(NexusSettings(local_dir=tmp_path / "stack", pg_dsn=None), sandbox_ports=ports)
     try:
         first = stack.up()
         assert first.pg_embedded
@@ -23,9 +36,15 @@ def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch
         assert again.migrations_applied == []
         status = "\n".join(stack.status())
         assert f"running {first.pg_dsn}" in status and f"running {first.bq_emulator_url}" in status
+        assert f"simulators     running NexusCRM :{ports[0]}" in status
+        env = first.env_file.read_text()
+        assert f"export NEXUSCRM_BASE_URL='http://127.0.0.1:{ports[0]}'" in env and "NEXUS_LOCAL_STACK=1" in env
+        import httpx
+
+        assert httpx.get(f"http://127.0.0.1:{ports[1]}/api/v4/projects/278964/issues").status_code == 401
     finally:
         stopped = stack.down()
-    assert stopped == ["bigquery emulator", "postgres"]
+    assert stopped == ["simulators", "bigquery emulator", "postgres"]
     status = "\n".join(stack.status())
     assert "postgres       stopped" in status and "bigquery       stopped" in status
     try:
@@ -90,10 +109,11 @@ def test_a_restarted_server_keeps_its_port_so_earlier_shells_still_work(tmp_path
 def test_up_status_and_down_mean_the_embedded_server_in_a_shell_that_sourced_its_env(tmp_path, monkeypatch):
     monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
     root = tmp_path / "stack"
-    first = LocalStack(NexusSettings(local_dir=root, pg_dsn=None)).up()
-    sourced = LocalStack(NexusSettings(local_dir=root, pg_dsn=first.pg_dsn))  # `. .nexus_local/env` was run
+    ports = free_ports()
+    first = LocalStack(NexusSettings(local_dir=root, pg_dsn=None), sandbox_ports=ports).up()
+    sourced = LocalStack(NexusSettings(local_dir=root, pg_dsn=first.pg_dsn), sandbox_ports=ports)  # `. env` was run
     try:
-        assert sourced.down() == ["bigquery emulator", "postgres"]  # stops the server, not only the emulator
+        assert sourced.down() == ["simulators", "bigquery emulator", "postgres"]  # the server too
         again = sourced.up()  # starts it again instead of refusing a dead DSN
         assert again.pg_embedded and again.pg_dsn == first.pg_dsn
         assert f"running {first.pg_dsn}" in "\n".join(sourced.status())

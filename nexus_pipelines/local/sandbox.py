@@ -1,0 +1,276 @@
+"""The local stack's provider sandbox: the NexusCRM, GitLab and GitHub simulators on fixed
+loopback ports with their demo credentials, and the Month End ARR source rows in the
+BigQuery emulator, so every job of the code location runs from the Dagster UI of
+`make dev` with no file edited.
+
+`nexus-pipelines local up` starts it as a detached process (`SandboxProcess`); `make demo`
+serves the same simulators in its own process (it reads their state directly) and hands
+the ports back to the detached process when it is done. The trackers keep their data in
+`<local_dir>/simulators/`, like real trackers between runs. Every credential here is a
+demo value of a simulator, never a secret, and reaches the code only through the
+environment variables the registrations and job configs name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+CRM_PORT, GITLAB_PORT, GITHUB_PORT = 18928, 18929, 18930  # configs/connectors/local names the last two
+PORTS = (CRM_PORT, GITLAB_PORT, GITHUB_PORT)
+DEMO_ISSUES = 24
+GITLAB_PROJECT_ID = 278964
+GITLAB_TOKEN = "demo-gitlab-project-token-not-a-secret"
+CRM_CLIENT_ID, CRM_CLIENT_SECRET = "demo-crm-client-id", "demo-crm-client-secret"
+SOURCE_DATASET, SOURCE_ROWS, REJECT_EVERY = "finance_marts", 3000, 250  # every 250th row: a negative ARR
+
+
+def environment(local_dir: Path, ports: tuple[int, int, int] = PORTS) -> dict[str, str]:
+    """The variables that point the code location at the sandbox (written to `.nexus_local/env`)."""
+    return {
+        "NEXUSCRM_BASE_URL": f"http://127.0.0.1:{ports[0]}",
+        "NEXUSCRM_CLIENT_ID": CRM_CLIENT_ID,
+        "NEXUSCRM_CLIENT_SECRET": CRM_CLIENT_SECRET,
+        "NEXUS_DEMO_GITLAB_TOKEN": GITLAB_TOKEN,
+        "NEXUS_DEMO_GITHUB_APP_KEY": github_app_key(local_dir)[0],
+    }
+
+
+def github_app_key(local_dir: Path) -> tuple[str, str]:
+    """(private PEM, public PEM) of the sandbox's GitHub App, made once and kept in the stack's
+    folder so the detached sandbox and every shell that sourced the env agree."""
+    from cryptography.hazmat.primitives import serialization
+
+    from nexus_pipelines.local.simulators.github import app_key_pair
+
+    path = local_dir / "simulators" / "github-app-key.pem"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        private, _ = app_key_pair()
+        path.write_text(private)
+        path.chmod(0o600)
+    private = path.read_text()
+    key = serialization.load_pem_private_key(private.encode(), password=None)
+    public = key.public_key().public_bytes(serialization.Encoding.PEM,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    return private, public
+
+
+@dataclass
+class Tracker:
+    """One issue tracker simulator of the sandbox and the registration that polls it."""
+
+    name: str  # gitlab | github
+    registration_id: str
+    skipped: str  # what the connector skips there
+    state: object
+    app: object
+    port: int
+    state_file: Path
+
+    def issue(self, external_ref: str) -> tuple[str, list[str]]:
+        """(state, comment bodies) of an issue at the tracker."""
+        container, number = (int(part) for part in external_ref.split(":")[1:])
+        issue = self.state.issue(container, number)
+        if self.name == "gitlab":
+            return ("closed" if issue.state == "closed" else "open"), [n.body for n in issue.notes]
+        return issue.state, [c.body for c in issue.comments]
+
+
+def _issues(add, skipped) -> None:
+    start = datetime.now(UTC) - timedelta(days=3)
+    for n in range(DEMO_ISSUES):
+        add(f"Platform issue {n + 1}", f"Reported problem {n + 1}.", ["bug"] if n % 3 == 0 else ["feature"],
+            start + timedelta(minutes=n))
+    skipped()
+
+
+def _gitlab(local_dir: Path, port: int) -> Tracker:
+    from nexus_pipelines.local.simulators.gitlab import GitLabState, build_gitlab_app
+
+    state, state_file = GitLabState(), local_dir / "simulators" / "gitlab.json"
+    if not state.load(state_file):
+        state.add_project(GITLAB_PROJECT_ID, "acme/platform")
+        _issues(lambda t, d, labels, at: state.add_issue(GITLAB_PROJECT_ID, title=t, description=d, labels=labels,
+                                                         updated_at=at),
+                lambda: state.add_issue(GITLAB_PROJECT_ID, title="A task the connector skips", issue_type="task"))
+    state.add_token(GITLAB_TOKEN, GITLAB_PROJECT_ID, scopes=("api",))
+    return Tracker("gitlab", "acme/demo-gitlab", "a task", state, build_gitlab_app(state), port, state_file)
+
+
+def _github(local_dir: Path, port: int) -> Tracker:
+    from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, load_registrations
+    from nexus_pipelines.local.simulators.github import GitHubState, build_github_app
+
+    config = load_registrations(LOCAL_REGISTRATIONS_DIR)["acme/demo-github"].provider
+    state, state_file = GitHubState(), local_dir / "simulators" / "github.json"
+    if not state.load(state_file):
+        state.add_repository(config.repository_id, config.owner, config.repo)
+        _issues(lambda t, d, labels, at: state.add_issue(config.repository_id, title=t, body=d, labels=labels,
+                                                         updated_at=at),
+                lambda: state.add_issue(config.repository_id, title="A pull request the connector skips",
+                                        pull_request=True))
+    state.add_app(config.app_id, github_app_key(local_dir)[1])
+    state.install(config.installation_id, config.app_id, [config.repository_id])
+    return Tracker("github", "acme/demo-github", "a pull request", state, build_github_app(state), port, state_file)
+
+
+def crm_state():
+    """The CRM object as the month_end_arr mapper declares it, with the org's rule against negative ARR."""
+    from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, rejects_negative
+    from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
+
+    state = NexusCrmState(client_id=CRM_CLIENT_ID, client_secret=CRM_CLIENT_SECRET)
+    state.define_object_from_contract(MonthEndArrMapper.TARGET_OBJECT, MonthEndArrMapper.FIELDS, key_prefix="a0M")
+    state.add_validation_rule(MonthEndArrMapper.TARGET_OBJECT, rejects_negative("ARR_Amount__c"))
+    return state
+
+
+def seed_source(bq_project: str, emulator_url: str) -> None:
+    """A fresh load of the Month End ARR source rows (the readiness query wants a recent one)."""
+    from nexus_pipelines.integrations.bigquery import make_bigquery_client
+    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source as seed
+
+    client = make_bigquery_client(bq_project, "US", emulator_url)
+    try:
+        seed(client, SOURCE_DATASET, SOURCE_ROWS, negative_every=REJECT_EVERY, load_run_id=f"local-{int(time.time())}")
+    finally:
+        client.close()
+
+
+class Sandbox:
+    """The simulators served in this process; `stop` saves the trackers' data."""
+
+    def __init__(self, local_dir: Path, ports: tuple[int, int, int] = PORTS) -> None:
+        from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
+
+        self.local_dir = local_dir
+        self.crm_port = ports[0]
+        self.crm = crm_state()
+        self.crm_app = build_nexuscrm_app(self.crm)
+        self.trackers = [_gitlab(local_dir, ports[1]), _github(local_dir, ports[2])]
+        self._stops: list[Callable[[], None]] = []
+
+    def serve(self) -> list[str]:
+        """Serve all of them; returns their URLs. Raises RuntimeError naming a busy port."""
+        from nexus_pipelines.local.simulators.http import serve_in_thread
+
+        urls = []
+        try:
+            for app, port in [(self.crm_app, self.crm_port)] + [(t.app, t.port) for t in self.trackers]:
+                url, stop = serve_in_thread(app, port=port)
+                self._stops.append(stop)
+                urls.append(url)
+        except RuntimeError:
+            self.stop()
+            raise
+        return urls
+
+    def stop(self) -> None:
+        for stop in self._stops:
+            stop()
+        self._stops.clear()
+        for tracker in self.trackers:
+            tracker.state.save(tracker.state_file)
+
+
+class SandboxProcess:
+    """The sandbox as a detached process of the local stack, found again through its pid file."""
+
+    def __init__(self, local_dir: Path, ports: tuple[int, int, int] = PORTS) -> None:
+        self.local_dir = local_dir
+        self.ports = ports
+        self._pid_file = local_dir / "sandbox.pid"
+        self.log_file = local_dir / "sandbox.log"
+
+    def running(self) -> bool:
+        from nexus_pipelines.local.bigquery_emulator import is_serving
+
+        return self._pid() is not None and is_serving(f"http://127.0.0.1:{self.ports[1]}")
+
+    def start(self, *, bq_project: str, emulator_url: str, timeout_s: float = 60.0) -> None:
+        from nexus_pipelines.local.bigquery_emulator import is_serving
+        from nexus_pipelines.local.postgres import StackError
+
+        if self.running():
+            return
+        self.local_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_file.open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", __name__, "--dir", str(self.local_dir), "--bq-project", bq_project,
+                 "--emulator-url", emulator_url, "--ports", ",".join(map(str, self.ports))],
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        self._pid_file.write_text(str(process.pid))
+        deadline = time.monotonic() + timeout_s
+        while not all(is_serving(f"http://127.0.0.1:{p}") for p in self.ports):
+            if process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise StackError(f"the simulators did not start on ports {self.ports}; see "
+                                 f"{self.log_file} (another `make demo` or `make dev` using them?)")
+            time.sleep(0.2)
+
+    def stop(self) -> bool:
+        """Stop it (it saves the trackers' data first); False when it was not running."""
+        pid = self._pid()
+        self._pid_file.unlink(missing_ok=True)
+        if pid is None:
+            return False
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            if self._alive(pid) is False:
+                return True
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+        return True
+
+    def _pid(self) -> int | None:
+        if not self._pid_file.exists():
+            return None
+        pid = int(self._pid_file.read_text())
+        return pid if self._alive(pid) else None
+
+    @staticmethod
+    def _alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        try:  # a zombie child of this process is not alive
+            return os.waitpid(pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="Serve the local stack's provider sandbox until SIGTERM.")
+    parser.add_argument("--dir", type=Path, required=True)
+    parser.add_argument("--bq-project", required=True)
+    parser.add_argument("--emulator-url", required=True)
+    parser.add_argument("--ports", default=",".join(map(str, PORTS)))
+    args = parser.parse_args()
+    seed_source(args.bq_project, args.emulator_url)
+    sandbox = Sandbox(args.dir, tuple(int(p) for p in args.ports.split(",")))
+    for url in sandbox.serve():
+        print(f"serving {url}", flush=True)
+    done = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: done.set())
+    signal.signal(signal.SIGINT, lambda *_: done.set())
+    while not done.wait(30):
+        for tracker in sandbox.trackers:  # a crash loses at most half a minute of tracker changes
+            tracker.state.save(tracker.state_file)
+    sandbox.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
