@@ -48,6 +48,8 @@ def _free_port(preferred: int | None = None) -> int:
     """`preferred` when it can be bound now, else any free port."""
     for port in ([preferred] if preferred else []) + [0]:
         with socket.socket() as sock:
+            # as Postgres itself binds: connections of the last run in TIME_WAIT do not hold the port
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
