@@ -24,7 +24,7 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorAttempt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import EgressRefused, bounded_timeout
+from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout
 from nexus_pipelines.redaction import one_line
 
 
@@ -80,6 +80,18 @@ class Deadline:
     def timeout(self) -> httpx.Timeout | None:
         remaining_ms = int((self._end - time.monotonic()) * 1000)
         return bounded_timeout(remaining_ms) if remaining_ms >= 1 else None
+
+
+def send(client: httpx.Client, method: str, url: str, deadline: Deadline, endpoint: str,
+         **kwargs) -> httpx.Response | Problem:
+    """One request inside the invocation's budget; a transport failure comes back as its Problem."""
+    timeout = deadline.timeout()
+    if timeout is None:
+        return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
+    try:
+        return client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every transport failure is classified
+        return exception_problem(exc)
 
 
 def next_link(response: httpx.Response) -> str | None:

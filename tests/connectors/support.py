@@ -17,6 +17,7 @@ from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import PollRunReport, poll
 from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.local.simulators.http import TransportFault
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
 from nexus_pipelines.tickets.proofs import record_proof
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
@@ -25,6 +26,17 @@ from nexus_pipelines.workqueue.retry import RetryPolicy
 from nexus_pipelines.workqueue.worker import DrainReport, drain
 
 NO_WAIT = RetryPolicy(base_s=0, cap_s=0, jitter=0)
+# The shared suite's transport fault names (tests/connectors/conformance/harness.py) as simulator faults:
+# the same for every provider, since the transport fails the same way whoever answers.
+TRANSPORT_FAULTS = {
+    "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
+    "connect_error": TransportFault.CONNECT_ERROR,
+    "read_error": TransportFault.RESET_BEFORE_RESPONSE,
+    "protocol_error": TransportFault.PROTOCOL_ERROR,
+    "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
+    "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
+    "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
+}
 
 
 def executor() -> RetryExecutor:

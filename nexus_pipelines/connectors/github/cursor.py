@@ -26,37 +26,21 @@ import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import format_time as format_seconds
+
 PREFIX = "gh1"
 _FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+);next=(.+)$")
-_NONE = "-"
 SCAN_OVERLAP = timedelta(seconds=1)
-
-
-class CursorError(ValueError):
-    pass
 
 
 def format_time(value: datetime | None) -> str:
     """GitHub's ISO 8601 form, whole seconds (`since` is second-granular)."""
-    if value is None:
-        return _NONE
-    return value.astimezone(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+    return format_seconds(value, timespec="seconds")
 
 
-def _parse_time(value: str) -> datetime | None:
-    if value == _NONE:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise CursorError(f"cursor time {value!r} is not ISO 8601") from None
-    if moment.tzinfo is None:
-        raise CursorError("cursor times carry a zone")
-    return moment
-
-
-def _whole_second(value: datetime) -> datetime:
-    return value.astimezone(UTC).replace(microsecond=0)
+def _whole_second(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC).replace(microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -70,7 +54,7 @@ class GitHubCursor:
 
     def encode(self) -> str:
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};etag={self.etag or _NONE};next={self.next or _NONE}")
+                f"hwm={format_time(self.hwm)};etag={self.etag or NONE};next={self.next or NONE}")
 
     @classmethod
     def decode(cls, token: str | None) -> GitHubCursor:
@@ -80,10 +64,10 @@ class GitHubCursor:
         if not match:
             raise CursorError("not a GitHub cursor token")
         seq, since, scan_from, hwm, etag, nxt = match.groups()
-        if nxt != _NONE and not nxt.startswith("/"):
+        if nxt != NONE and not nxt.startswith("/"):
             raise CursorError("the next link of a GitHub cursor is a path")
-        return cls(int(seq), _parse_time(since), _parse_time(scan_from), _parse_time(hwm),
-                   None if etag == _NONE else etag, None if nxt == _NONE else nxt)
+        return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
+                   None if etag == NONE else etag, None if nxt == NONE else nxt)
 
     @property
     def at_scan_start(self) -> bool:
@@ -100,10 +84,7 @@ class GitHubCursor:
         return self._next_scan(scan_from, hwm, first_etag)
 
     def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
-        bounds = [_whole_second(t) for t in (hwm, scan_from) if t is not None]
-        since = min(bounds) - SCAN_OVERLAP if bounds else self.since
-        if self.since is not None and since is not None and since < self.since:
-            since = self.since  # the lower bound never moves back past where this scan began
+        since = next_scan_since(self.since, _whole_second(hwm), _whole_second(scan_from), SCAN_OVERLAP)
         # the first page's ETag answers the same question only when the next scan asks it again
         return GitHubCursor(seq=self.seq + 1, since=since, etag=etag if since == self.since else None)
 

@@ -16,34 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
+
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, format_time, next_scan_since, parse_time
 
 PREFIX = "gl1"
 _FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);next=(.+)$")
-_NONE = "-"
 SCAN_OVERLAP = timedelta(seconds=1)
-
-
-class CursorError(ValueError):
-    pass
-
-
-def format_time(value: datetime | None) -> str:
-    if value is None:
-        return _NONE
-    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def _parse_time(value: str) -> datetime | None:
-    if value == _NONE:
-        return None
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise CursorError(f"cursor time {value!r} is not ISO 8601") from None
-    if moment.tzinfo is None:
-        raise CursorError("cursor times carry a zone")
-    return moment
 
 
 @dataclass(frozen=True)
@@ -56,7 +35,7 @@ class GitLabCursor:
 
     def encode(self) -> str:
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};next={self.next or _NONE}")
+                f"hwm={format_time(self.hwm)};next={self.next or NONE}")
 
     @classmethod
     def decode(cls, token: str | None) -> GitLabCursor:
@@ -66,10 +45,10 @@ class GitLabCursor:
         if not match:
             raise CursorError("not a GitLab cursor token")
         seq, since, scan_from, hwm, nxt = match.groups()
-        if nxt != _NONE and not nxt.startswith("/"):
+        if nxt != NONE and not nxt.startswith("/"):
             raise CursorError("the next link of a GitLab cursor is a path")
-        return cls(int(seq), _parse_time(since), _parse_time(scan_from), _parse_time(hwm),
-                   None if nxt == _NONE else nxt)
+        return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
+                   None if nxt == NONE else nxt)
 
     def after_page(self, *, page_max: datetime | None, served_at: datetime | None, next_link: str | None) -> GitLabCursor:
         """The token after one page of this scan (a new scan ends when `next_link` is None)."""
@@ -77,8 +56,4 @@ class GitLabCursor:
         hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
         if next_link is not None:
             return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link)
-        bounds = [t for t in (hwm, scan_from) if t is not None]
-        since = min(bounds) - SCAN_OVERLAP if bounds else self.since
-        if self.since is not None and since is not None and since < self.since:
-            since = self.since  # the lower bound never moves back past where this scan began
-        return GitLabCursor(seq=self.seq + 1, since=since)
+        return GitLabCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))

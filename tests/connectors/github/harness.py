@@ -21,8 +21,9 @@ from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
 from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault, to_sim_request
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, to_sim_request
 from tests.connectors.github.keys import shared_key_pair
+from tests.connectors.support import TRANSPORT_FAULTS
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242
@@ -33,15 +34,6 @@ KEY_ENV = "NEXUS_TEST_GITHUB_APP_KEY"
 _OPERATIONS = {"list": "list_issues", "comment": "create_comment", "close": "update_issue", "lookup": "list_comments",
                "read_issue": "get_issue"}
 _NAMES = {v: k for k, v in _OPERATIONS.items()}
-_TRANSPORT = {
-    "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
-    "connect_error": TransportFault.CONNECT_ERROR,
-    "read_error": TransportFault.RESET_BEFORE_RESPONSE,
-    "protocol_error": TransportFault.PROTOCOL_ERROR,
-    "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
-    "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
-    "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
-}
 
 
 def primary_limit_headers(reset_epoch: int) -> dict[str, str]:
@@ -133,8 +125,8 @@ class GitHubWorld:
         self.state.add_comment(self.repository_id, self._number(external_ref), body, User(8, "someone"))
 
     def fault(self, name: str) -> Fault:
-        if name in _TRANSPORT:
-            return Fault(transport=_TRANSPORT[name])
+        if name in TRANSPORT_FAULTS:
+            return Fault(transport=TRANSPORT_FAULTS[name])
         reset = int(self.state.clock.now().timestamp()) + 3600
         return {
             "throttled": Fault(status=403, headers={"retry-after": "1"},

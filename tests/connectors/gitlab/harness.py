@@ -9,7 +9,8 @@ from nexus_pipelines.connectors.core.registration import Registration, parse_reg
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
-from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
+from tests.connectors.support import TRANSPORT_FAULTS
 
 PROJECT_ID = 278964
 BASE_URL = "https://gitlab.example.test"
@@ -21,15 +22,7 @@ _NAMES = {v: k for k, v in _OPERATIONS.items()}
 
 
 def _fault(name: str) -> Fault:
-    transport = {
-        "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
-        "connect_error": TransportFault.CONNECT_ERROR,
-        "read_error": TransportFault.RESET_BEFORE_RESPONSE,
-        "protocol_error": TransportFault.PROTOCOL_ERROR,
-        "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
-        "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
-        "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
-    }.get(name)
+    transport = TRANSPORT_FAULTS.get(name)
     if transport is not None:
         return Fault(transport=transport)
     limit_headers = {"RateLimit-Name": "throttle_authenticated_api", "RateLimit-Limit": "600",
