@@ -13,6 +13,7 @@ from typing import Any
 
 # Inline nodes whose visible text lives in an attribute rather than in a text node.
 _ATTR_TEXT = {"mention": "text", "emoji": "text", "inlineCard": "url", "status": "text"}
+_INLINE_KINDS = frozenset({"text", "hardBreak", *_ATTR_TEXT})
 
 
 class AdfError(ValueError):
@@ -40,9 +41,11 @@ def to_text(doc: Any) -> str:
 
 def _children(node: dict[str, Any]) -> list[dict[str, Any]]:
     content = node.get("content", [])
-    if not isinstance(content, list) or not all(isinstance(c, dict) and isinstance(c.get("type"), str)
-                                                for c in content):
+    if not isinstance(content, list):
         raise AdfError(f"a {node.get('type')} node has malformed content")
+    for child in content:
+        if not isinstance(child, dict) or not isinstance(child.get("type"), str):
+            raise AdfError(f"a {node.get('type')} node has malformed content")
     return content
 
 
@@ -57,7 +60,7 @@ def _inline(node: dict[str, Any]) -> str:
     if kind in _ATTR_TEXT:
         value = (node.get("attrs") or {}).get(_ATTR_TEXT[kind], "")
         return value if isinstance(value, str) else ""
-    parts = [_inline(child) for child in _children(node)]
+    children = _children(node)
     # nested blocks (list items, table cells, panels) read one per line
-    nested = any(child["type"] not in ("text", "hardBreak", *_ATTR_TEXT) for child in _children(node))
-    return ("\n" if nested else "").join(parts)
+    nested = any(child["type"] not in _INLINE_KINDS for child in children)
+    return ("\n" if nested else "").join(_inline(child) for child in children)

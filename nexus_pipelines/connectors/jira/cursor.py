@@ -30,6 +30,7 @@ _FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);
 SCAN_OVERLAP = timedelta(minutes=1)
 TOKEN_LIFETIME = timedelta(days=7)  # Jira: "This token will expire in 7 days."
 JQL_ORDER = "ORDER BY updated ASC, id ASC"
+_EARLIEST, _LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)  # any zone can show these
 
 
 def jql_minute(bound: datetime, zone: ZoneInfo) -> str:
@@ -76,9 +77,11 @@ class JiraCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a Jira cursor token")
-        seq, since, scan_from, hwm, issued_at, nxt = match.groups()
-        return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm), parse_time(issued_at),
-                   None if nxt == NONE else nxt)
+        seq, *times, nxt = match.groups()
+        since, scan_from, hwm, issued_at = (parse_time(t) for t in times)
+        if any(t is not None and not _EARLIEST <= t < _LATEST for t in (since, scan_from, hwm, issued_at)):
+            raise CursorError("a cursor time is out of range")
+        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt)
 
     def after_page(self, *, page_max: datetime | None, served_at: datetime | None,
                    next_token: str | None) -> JiraCursor:
