@@ -518,9 +518,9 @@ class JiraSimulator:
         def position(issue: Issue) -> list[int]:
             return [_sort_value(issue, name) * (-1 if descending else 1) for name, descending in order]
 
-        indexed = self.state.clock.now() - self.state.index_lag
+        lag, now = self.state.index_lag, self.state.clock.now()
         matching = sorted((i for (s, _), i in self.state.issues.items() if s == site and i.project_id == project.id
-                           and i.updated <= indexed and _matches(i, query, zone)), key=position)
+                           and not (lag and i.updated > now - lag) and _matches(i, query, zone)), key=position)
         after = matching
         token = request.param("nextPageToken")
         if token is not None:

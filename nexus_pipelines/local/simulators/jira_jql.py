@@ -6,8 +6,9 @@ Jira's own kind of 400 for anything else.
 
 Dates take Jira's absolute formats (`yyyy/MM/dd HH:mm`, `yyyy-MM-dd HH:mm`,
 `yyyy/MM/dd`, `yyyy-MM-dd`; no seconds: the granularity is the minute) and mean a wall
-time in the searching account's profile time zone. A query without a project clause is
-unbounded, which the enhanced search refuses; ORDER BY takes at most 7 fields.
+time in the searching account's profile time zone. A query without any clause is
+unbounded, which the enhanced search refuses; this subset also needs a project clause.
+ORDER BY takes at most 7 fields.
 """
 
 from __future__ import annotations
@@ -120,8 +121,10 @@ def parse(text: str) -> Query:
             break
     if n != len(tokens):
         raise JqlError(f"Error in the JQL Query: Expecting end of query but got '{tokens[n][1]}'.")
-    if query.project is None:
+    if query.project is None and query.issuetype is None and not query.bounds:
         raise JqlError("Unbounded JQL queries are not allowed here. Please add a search restriction to your query.")
+    if query.project is None:  # bounded for Jira, but this simulator holds projects, not a whole site's index
+        raise JqlError("The simulator answers only queries restricted to one project (project = <id or key>).")
     if len(query.order) > MAX_ORDER_FIELDS:
         raise JqlError(f"The ORDER BY clause can contain at most {MAX_ORDER_FIELDS} fields.")
     return query
