@@ -6,7 +6,7 @@
 3. serve the NexusCRM simulator over real HTTP on loopback (local mode allows http);
 4. run `month_end_arr` through its asset graph, then run it again unchanged;
 5. print each run's ledger status, counts and the upsert calls it made;
-6. run the GitLab and GitHub issue intake and close-back (`demo_connectors.py`).
+6. run the GitLab, GitHub and Jira issue intake and close-back (`demo_connectors.py`).
 """
 
 from __future__ import annotations

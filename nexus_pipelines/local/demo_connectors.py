@@ -1,12 +1,14 @@
-"""The issue-intake part of `make demo`: one GitLab and one GitHub registration side by side,
-each against its simulator on loopback, through the code location's own Dagster jobs.
+"""The issue-intake part of `make demo`: a GitLab, a GitHub and a Jira registration side by
+side, each against its simulator on loopback, through the code location's own Dagster jobs.
 
-1. serve the GitLab simulator on 127.0.0.1:18929 and the GitHub simulator on
-   127.0.0.1:18930 (their data persists in `.nexus_local/simulators/`, like a real
-   tracker between demo runs) and seed a project and a repository the first time (the
-   repository gets a pull request too, which the connector skips); the GitHub App's key
-   is made fresh each run and only its public half is registered with the simulator;
-2. activate the `demo-gitlab` and `demo-github` registrations (configs/connectors/local);
+1. serve the GitLab simulator on 127.0.0.1:18929, the GitHub simulator on 127.0.0.1:18930
+   and the Jira simulator on 127.0.0.1:18931 (their data persists in
+   `.nexus_local/simulators/`, like a real tracker between demo runs) and seed a project,
+   a repository and a Jira project the first time (with a task, a pull request and a
+   sub-task that the connectors skip); the GitHub App's key and the Jira API token are
+   made fresh each run and only reach the registrations through environment variables;
+2. activate the `demo-gitlab`, `demo-github` and `demo-jira` registrations
+   (configs/connectors/local);
 3. per registration, run the poll, receipt-router and drain jobs: issues in, tickets out
    (UNTRIAGED, P2);
 4. record one accepted success proof and drain: one marked comment, the issue closed;
@@ -17,14 +19,13 @@ each against its simulator on loopback, through the code location's own Dagster 
 from __future__ import annotations
 
 import os
+import secrets
 from collections.abc import Callable
-from datetime import UTC, datetime
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from dagster import DagsterInstance
-
-from dataclasses import dataclass
-from datetime import timedelta
 
 DEMO_ISSUES = 24
 GITLAB_PROJECT_ID, GITLAB_PORT = 278964, 18929
@@ -32,6 +33,7 @@ GITLAB_PROJECT_ID, GITLAB_PORT = 278964, 18929
 GITLAB_TOKEN = "demo-gitlab-project-token-not-a-secret"
 GITLAB_TOKEN_ENV = "NEXUS_DEMO_GITLAB_TOKEN"
 GITHUB_PORT, GITHUB_KEY_ENV = 18930, "NEXUS_DEMO_GITHUB_APP_KEY"
+JIRA_PORT, JIRA_TOKEN_ENV, JIRA_ACCOUNT = 18931, "NEXUS_DEMO_JIRA_TOKEN", "712020:nexus-demo"
 
 
 def _issues(add, skipped) -> None:
@@ -46,7 +48,7 @@ def _issues(add, skipped) -> None:
 class DemoTracker:
     """One simulator the demo serves and the registration that polls it."""
 
-    name: str  # gitlab | github
+    name: str  # gitlab | github | jira
     registration_id: str
     skipped: str  # what the connector skips there
     state: object
@@ -56,8 +58,14 @@ class DemoTracker:
 
     def issue(self, external_ref: str) -> tuple[str, list[str]]:
         """(state, comment bodies) of an issue at the tracker."""
-        container, number = (int(part) for part in external_ref.split(":")[1:])
-        issue = self.state.issue(container, number)
+        _, container, number = external_ref.split(":")
+        if self.name == "jira":
+            from nexus_pipelines.local.simulators.jira import STATUSES
+
+            issue = self.state.issue(container, int(number))
+            done = STATUSES[issue.status][1] == "done"
+            return ("closed" if done else "open"), self.state.comment_texts(container, int(number))
+        issue = self.state.issue(int(container), int(number))
         if self.name == "gitlab":
             return ("closed" if issue.state == "closed" else "open"), [n.body for n in issue.notes]
         return issue.state, [c.body for c in issue.comments]
@@ -94,6 +102,25 @@ def _github(local_dir: Path, registration) -> DemoTracker:
     os.environ[GITHUB_KEY_ENV] = private
     return DemoTracker("github", "acme/demo-github", "a pull request", state, build_github_app(state), GITHUB_PORT,
                        state_file)
+
+
+def _jira(local_dir: Path, registration) -> DemoTracker:
+    from nexus_pipelines.local.simulators.jira import SUBTASK, JiraState, build_jira_app
+
+    config = registration.provider
+    state, state_file = JiraState(), local_dir / "simulators" / "jira.json"
+    if not state.load(state_file):
+        state.add_project(config.cloud_id, config.project_id, "PLAT")
+        _issues(lambda t, d, labels, at: state.add_issue(config.cloud_id, config.project_id, summary=t, description=d,
+                                                         labels=labels, updated_at=at),
+                lambda: state.add_issue(config.cloud_id, config.project_id, summary="A sub-task the connector skips",
+                                        issuetype=SUBTASK))
+    token = "ATATT3x" + secrets.token_urlsafe(140)  # a fresh API token each run, never written anywhere
+    state.add_account(JIRA_ACCOUNT, config.email, "nexus demo", config.jql_time_zone)
+    state.add_token(token, config.email)
+    state.grant(config.cloud_id, config.project_id, JIRA_ACCOUNT)
+    os.environ[JIRA_TOKEN_ENV] = token
+    return DemoTracker("jira", "acme/demo-jira", "a sub-task", state, build_jira_app(state), JIRA_PORT, state_file)
 
 
 def _counts(conn, registration_id: str) -> dict[str, int]:
@@ -144,7 +171,8 @@ def run_connector_demo(echo: Callable[[str], None], *, dsn: str, local_dir: Path
     from nexus_pipelines.local.simulators.http import serve_in_thread
 
     registrations = load_registrations(LOCAL_REGISTRATIONS_DIR)
-    trackers = [_gitlab(local_dir), _github(local_dir, registrations["acme/demo-github"])]
+    trackers = [_gitlab(local_dir), _github(local_dir, registrations["acme/demo-github"]),
+                _jira(local_dir, registrations["acme/demo-jira"])]
     stops = []
     try:
         for tracker in trackers:
