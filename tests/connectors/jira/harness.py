@@ -26,7 +26,7 @@ DONE_STATUS = 10002
 API_URL = "https://api.atlassian.example.test"
 SITE_URL = "https://acme.atlassian.example.test"
 EMAIL = "nexus-bot@serviceaccount.atlassian.example.test"
-TIME_ZONE = "Australia/Sydney"  # UTC+11 in November: a JQL date in UTC would miss eleven hours
+TIME_ZONE = "Australia/Sydney"  # UTC+11 in November: a JQL date written in UTC would mean another instant
 TOKEN_ENV = "NEXUS_TEST_JIRA_TOKEN"
 BOT = "712020:5f2d1c7e-7b5e-4bb1-a1cd-3f0c2e1d9a10"
 
