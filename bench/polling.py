@@ -72,7 +72,7 @@ def _gitlab(issues: int):
              "get_issue": "read_issue"}
 
     def operation_of(request):
-        return names.get(GitLabSimulator._route(to_sim_request(request))[0], "other")
+        return names.get(GitLabSimulator.route(to_sim_request(request))[0], "other")
 
     return world, operation_of
 

@@ -25,7 +25,6 @@ own workflow, so transition ids differ between types.
 from __future__ import annotations
 
 import base64
-import email.utils
 import hashlib
 import hmac
 import itertools
@@ -42,7 +41,8 @@ from zoneinfo import ZoneInfo
 
 from nexus_pipelines.local.simulators import jira_adf, jira_jql
 from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import FaultQueue, SimRequest, SimResponse, answer_fault, build_app
+from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, build_app
+from nexus_pipelines.local.simulators.http import load_data, save_data
 
 READ_SCOPE, WRITE_SCOPE = "read:jira-work", "write:jira-work"
 BROWSE, COMMENT, TRANSITION = "BROWSE_PROJECTS", "ADD_COMMENTS", "TRANSITION_ISSUES"
@@ -268,13 +268,12 @@ class JiraState:
             data = {"projects": [{"site": site, **asdict(p), "grants": {}} for (site, _), p in self.projects.items()],
                     "issues": [{"site": site, **asdict(i)} for (site, _), i in self.issues.items()],
                     "next_id": next(self._ids)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, default=str))
+        save_data(path, data)
 
     def load(self, path: Path) -> bool:
-        if not path.exists():
+        data = load_data(path)
+        if data is None:
             return False
-        data = json.loads(path.read_text())
         with self._lock:
             for raw in data["projects"]:
                 site = raw.pop("site")
@@ -399,29 +398,11 @@ class _Render:
 # -- the handler -------------------------------------------------------------------------
 
 
-class JiraSimulator:
-    """`handle` is the whole API; `SimulatorTransport` and `build_app` expose it."""
+class JiraSimulator(Simulator):
+    """The whole API: `route` names the operation, `_answer` serves it (`Simulator.handle`
+    counts it, answers its queued fault and dates the answer)."""
 
-    def __init__(self, state: JiraState) -> None:
-        self.state = state
-
-    def __call__(self, request: SimRequest) -> SimResponse:
-        return self.handle(request)
-
-    def handle(self, request: SimRequest) -> SimResponse:
-        state = self.state
-        operation, route = self.route(request)
-        with state._lock:
-            state.calls[operation] += 1
-        fault = state.faults.pop(operation)
-        if fault is None:
-            return self._dated(self._answer(request, operation, route))
-        return self._dated(answer_fault(fault, lambda: self._dated(self._answer(request, operation, route)),
-                                        {"errorMessages": ["Internal server error"], "errors": {}}))
-
-    def _dated(self, response: SimResponse) -> SimResponse:
-        response.headers.setdefault("Date", email.utils.format_datetime(self.state.clock.now(), usegmt=True))
-        return response
+    fault_body = {"errorMessages": ["Internal server error"], "errors": {}}
 
     @staticmethod
     def route(request: SimRequest) -> tuple[str, tuple[str, ...] | None]:
