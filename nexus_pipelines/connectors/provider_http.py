@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -20,6 +21,7 @@ from pydantic import ValidationError
 
 from nexus_pipelines.connectors.core.values import (
     DETAIL_MAX_CHARS,
+    AmbiguousWrite,
     CloseFailure,
     ConnectorAttempt,
     FetchFailure,
@@ -69,6 +71,29 @@ def close_failure(problem: Problem, disposition: str = "not_written") -> CloseFa
     return CloseFailure(retry_class=problem.retry_class, reason=problem.reason, write_disposition=disposition,
                         detail=problem.detail[:DETAIL_MAX_CHARS],
                         retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+
+
+@dataclass(frozen=True)
+class MarkerLookup:
+    """A search of one issue's comments for a command's marker: found (the comment id),
+    absent (`found` and `problem` both None), or inconclusive (`problem` says why)."""
+
+    found: str | None = None
+    problem: Problem | None = None
+
+
+def after_comment_write(problem: Problem,
+                        find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | AmbiguousWrite | None]:
+    """The comment write failed with `problem`: (the comment id found by its marker, None) or
+    (None, the failure to return). Only a write that may have landed is looked up (CX-09)."""
+    if not problem.maybe_written:
+        return None, close_failure(problem)
+    lookup = find_marker()
+    if lookup.found is not None:
+        return lookup.found, None
+    if lookup.problem is None:
+        return None, close_failure(problem, "reconciled_absent")
+    return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:DETAIL_MAX_CHARS])
 
 
 class Deadline:

@@ -15,8 +15,6 @@ tell gives `AmbiguousWrite`, which core never retries.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import httpx
 from pydantic import BaseModel, ValidationError
 
@@ -31,17 +29,18 @@ from nexus_pipelines.connectors.jira.adf import AdfError, to_adf, to_text
 from nexus_pipelines.connectors.jira.config import JiraConfig
 from nexus_pipelines.connectors.jira.limits import status_problem
 from nexus_pipelines.connectors.jira.payloads import Comment, CommentPage, IssueStatus, Transitions
-from nexus_pipelines.connectors.provider_http import Deadline, Problem, close_failure, send
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    MarkerLookup,
+    Problem,
+    after_comment_write,
+    close_failure,
+    send,
+)
 
 COMMENT_PAGE = 100
 MAX_COMMENT_PAGES = 50  # a marker lookup reads at most 5,000 comments before it calls itself inconclusive
 _UNPARSED = "the answer does not parse"
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    found: str | None = None  # the comment id carrying the marker
-    problem: Problem | None = None  # set when the lookup could not tell
 
 
 def _parsed(model: type[BaseModel], response: httpx.Response) -> BaseModel | None:
@@ -131,16 +130,7 @@ class CloseBack:
                 return comment.id, None
             problem = Problem("retryable", "transport_protocol", f"adding the comment: {_UNPARSED}",
                               maybe_written=True)
-        if problem is None:
-            problem = status_problem(response, "adding the comment")
-        if not problem.maybe_written:
-            return None, close_failure(problem)
-        lookup = self._find_marker()
-        if lookup.found is not None:
-            return lookup.found, None
-        if lookup.problem is None:
-            return None, close_failure(problem, "reconciled_absent")
-        return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:300])
+        return after_comment_write(problem or status_problem(response, "adding the comment"), self._find_marker)
 
     def _transition(self, transition: str, comment_id: str) -> CloseExternalIssueResult:
         response = self._send("POST", f"{self._url}/transitions", "do_transition",
@@ -160,7 +150,7 @@ class CloseBack:
         return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
                                 marker=command.marker, comment_ref=f"comment:{comment_id}")
 
-    def _find_marker(self) -> _Lookup:
+    def _find_marker(self) -> MarkerLookup:
         """Every page of the issue's comments, oldest first, for the exact marker: found,
         absent (problem None), or inconclusive. Offset pages skip a comment only when an
         earlier one is deleted meanwhile, so a shrinking `total` makes the lookup inconclusive."""
@@ -169,28 +159,28 @@ class CloseBack:
             response = self._send("GET", f"{self._url}/comment", "get_comments",
                                   params={"startAt": start, "maxResults": COMMENT_PAGE, "orderBy": "created"})
             if isinstance(response, Problem):
-                return _Lookup(problem=response)
+                return MarkerLookup(problem=response)
             if response.status_code != 200:
-                return _Lookup(problem=status_problem(response, "reading comments"))
+                return MarkerLookup(problem=status_problem(response, "reading comments"))
             page = _parsed(CommentPage, response)
             if page is None or page.startAt != start:
-                return _Lookup(problem=Problem("retryable", "transport_protocol", f"reading comments: {_UNPARSED}"))
+                return MarkerLookup(problem=Problem("retryable", "transport_protocol", f"reading comments: {_UNPARSED}"))
             if total is not None and page.total < total:
-                return _Lookup(problem=Problem("retryable", "provider_5xx", "reading comments: a comment was "
+                return MarkerLookup(problem=Problem("retryable", "provider_5xx", "reading comments: a comment was "
                                                "deleted while they were read"))
             total = page.total
             for comment in page.comments:
                 try:
                     if self._command.marker in to_text(comment.body):
-                        return _Lookup(found=comment.id)
+                        return MarkerLookup(found=comment.id)
                 except AdfError:
-                    return _Lookup(problem=Problem("terminal", "invalid_payload", "reading comments: a body is "
+                    return MarkerLookup(problem=Problem("terminal", "invalid_payload", "reading comments: a body is "
                                                    "not an ADF document"))
             start += len(page.comments)
             if start >= total:
-                return _Lookup()
+                return MarkerLookup()
             if not page.comments:
-                return _Lookup(problem=Problem("retryable", "provider_5xx", "reading comments: an empty page "
+                return MarkerLookup(problem=Problem("retryable", "provider_5xx", "reading comments: an empty page "
                                                "before the total"))
-        return _Lookup(problem=Problem("retryable", "provider_5xx", f"reading comments: more than "
+        return MarkerLookup(problem=Problem("retryable", "provider_5xx", f"reading comments: more than "
                                        f"{MAX_COMMENT_PAGES} pages"))

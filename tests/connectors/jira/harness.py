@@ -17,9 +17,9 @@ from nexus_pipelines.connectors.core.registration import Registration, parse_reg
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, to_sim_request
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.simulators.jira import SUBTASK, JiraSimulator, JiraState
-from tests.connectors.support import TRANSPORT_FAULTS
+from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
 
 PROJECT_ID = 10000
 DONE_STATUS = 10002
@@ -32,7 +32,6 @@ BOT = "712020:5f2d1c7e-7b5e-4bb1-a1cd-3f0c2e1d9a10"
 
 _OPERATIONS = {"list": "search_issues", "comment": "add_comment", "close": "do_transition", "lookup": "get_comments",
                "read_issue": "get_issue"}
-_NAMES = {v: k for k, v in _OPERATIONS.items()}
 _LIMITED = {"X-RateLimit-Limit": "100", "X-RateLimit-Remaining": "0", "RateLimit-Reason": "jira-quota-based"}
 
 
@@ -57,8 +56,11 @@ def _fault(name: str) -> Fault:
     }[name]
 
 
-class JiraWorld:
+class JiraWorld(SimulatorWorld):
     kind = "jira"
+    operations = _OPERATIONS
+    route = staticmethod(JiraSimulator.route)
+    fault = staticmethod(_fault)
 
     def __init__(self, *, project_id: int = PROJECT_ID, cloud_id: str | None = None, token: str | None = None,
                  clock: SimClock | None = None) -> None:
@@ -126,22 +128,3 @@ class JiraWorld:
 
     def add_comment(self, external_ref: str, body: str) -> None:
         self.state.add_comment(self.cloud_id, self.issue_id(external_ref), body)
-
-    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
-        self.state.faults.push(_OPERATIONS[operation], *[_fault(fault)] * times)
-
-    def clear_faults(self) -> None:
-        self.state.faults.clear()
-
-    def requests(self) -> list[tuple[str, str]]:
-        out = []
-        for request in self.transport.requests:
-            operation, _ = JiraSimulator.route(to_sim_request(request))
-            out.append((_NAMES.get(operation, operation), request.method))
-        return out
-
-    def clear_requests(self) -> None:
-        self.transport.requests.clear()
-
-    def advance(self, seconds: float) -> None:
-        self.state.clock.advance(seconds)

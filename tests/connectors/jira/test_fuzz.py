@@ -10,18 +10,13 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_pipelines.connectors.core.executor import RetryExecutor
-from nexus_pipelines.connectors.core.values import ExternalIssue, ExternalIssuePage, FetchFailure, FetchIssuePage
+from nexus_pipelines.connectors.core.values import ExternalIssuePage, FetchFailure, FetchIssuePage
 from nexus_pipelines.connectors.jira.adf import AdfError, to_adf, to_text
 from nexus_pipelines.connectors.jira.cursor import CursorError, JiraCursor
 from tests.connectors.conformance.suite import _attempt
+from tests.connectors.fuzzing import adapter_answering as answering
+from tests.connectors.fuzzing import check, fetch_checked, json_values
 from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
-
-json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=5),
-    max_leaves=20,
-)
 
 FIELDS = {
     "summary": "s", "description": {"type": "doc", "version": 1, "content": [
@@ -41,24 +36,14 @@ def issue_like():
 
 
 def adapter_answering(body: bytes, headers=None):
-    def handler(request):
-        return httpx.Response(200, content=body, headers=headers or {"Date": "Sun, 01 Nov 2026 09:00:00 GMT"})
-    return JiraWorld().adapter(transport=httpx.MockTransport(handler))
-
-
-def check(result):
-    assert isinstance(result, (ExternalIssuePage, FetchFailure)), type(result)
-    if isinstance(result, ExternalIssuePage):
-        assert all(isinstance(i, ExternalIssue) for i in result.issues)
+    return answering(JiraWorld(), body, headers)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(issue_like(), max_size=3), st.one_of(st.none(), st.text(max_size=40)))
 def test_mutated_issue_payloads_give_typed_results_only(items, token):
     body = {"issues": items, **({"nextPageToken": token} if token is not None else {"isLast": True})}
-    result = RetryExecutor(sleep=lambda s: None).fetch(adapter_answering(json.dumps(body).encode()),
-                                                       FetchIssuePage(cursor=None, page_size=10))[0]
-    check(result)
+    result = fetch_checked(adapter_answering(json.dumps(body).encode()))
     if isinstance(result, ExternalIssuePage):
         for raw, mapped in zip(items, result.issues):
             assert mapped.title == raw["fields"]["summary"] and raw["fields"]["project"] == {"id": str(PROJECT_ID)}
@@ -67,15 +52,14 @@ def test_mutated_issue_payloads_give_typed_results_only(items, token):
 @settings(max_examples=100, deadline=None)
 @given(json_values)
 def test_arbitrary_json_bodies_give_typed_results_only(value):
-    check(RetryExecutor(sleep=lambda s: None).fetch(adapter_answering(json.dumps(value).encode()),
-                                                    FetchIssuePage(cursor=None, page_size=10))[0])
+    fetch_checked(adapter_answering(json.dumps(value).encode()))
 
 
 @settings(max_examples=100, deadline=None)
 @given(st.binary(max_size=200), st.text(max_size=60))
 def test_garbage_bodies_and_dates_give_typed_results_only(body, date):
     adapter = adapter_answering(body, {"Date": date.encode("ascii", "ignore").decode()})
-    check(adapter.fetch_page(FetchIssuePage(cursor=None, page_size=10), _attempt()))
+    fetch_checked(adapter, retried=False)
 
 
 @settings(max_examples=200, deadline=None)

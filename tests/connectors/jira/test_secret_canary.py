@@ -10,14 +10,13 @@ import re
 
 import yaml
 
-from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.registration import load_registration
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.http import Fault
 from nexus_pipelines.redaction import looks_like_secret
 from nexus_pipelines.settings import PROJECT_ROOT
 from tests.connectors.jira.harness import EMAIL, JiraWorld
-from tests.connectors.support import Plant, all_control_text, tickets_by_ref
+from tests.connectors.support import Plant, everything_recorded, tickets_by_ref
 
 # Atlassian API tokens start ATATT3 and run to ~190 characters; basic credentials are base64.
 _TOKEN_SHAPES = (re.compile(r"ATATT3[A-Za-z0-9_=-]{20,}"), re.compile(r"\bBasic\s+[A-Za-z0-9+/]{16,}={0,2}"))
@@ -41,12 +40,7 @@ def test_no_jira_token_leaves_the_adapter(pool, caplog):
     plant.drain([registration.registration_id])
     world.state.revoke(world.token)
     reports.append(plant.sync([registration]))
-    texts = [caplog.text, repr(plant.composer(registration))]
-    texts += [str(t.as_dict()) for report in reports for t in report.ticks]
-    with pool.connection() as conn:
-        texts.append(all_control_text(conn))
-        texts.extend(v.cursor or "" for v in store.progress(conn, [registration.registration_id]))
-    haystack = "\n".join(texts)
+    haystack = everything_recorded(plant, registration, reports, caplog.text)
     assert "canary 0" in haystack and "authentication" in haystack  # the scan and the failure were recorded
     credential = base64.b64encode(f"{EMAIL}:{world.token}".encode()).decode()
     assert [s for s in (world.token, credential, world.token[-40:]) if s in haystack] == []
