@@ -124,7 +124,7 @@ class CloseBack:
     def _post_comment(self) -> tuple[str | None, CloseExternalIssueResult | None]:
         response = self._send("POST", f"{self._url}/comment", "add_comment", json={"body": to_adf(self._command.comment)})
         problem = response if isinstance(response, Problem) else None
-        if problem is None and response.status_code == 201:
+        if problem is None and response.status_code in (200, 201):  # Jira documents 201
             comment = _parsed(Comment, response)
             if comment is not None:
                 return comment.id, None
@@ -135,7 +135,7 @@ class CloseBack:
     def _transition(self, transition: str, comment_id: str) -> CloseExternalIssueResult:
         response = self._send("POST", f"{self._url}/transitions", "do_transition",
                               json={"transition": {"id": transition}})
-        if isinstance(response, httpx.Response) and response.status_code == 204:
+        if isinstance(response, httpx.Response) and response.status_code in (200, 204):  # Jira documents 204
             return self._receipt(comment_id)
         problem = response if isinstance(response, Problem) else status_problem(response, "transitioning the issue")
         if not problem.maybe_written:

@@ -61,7 +61,7 @@ class Search(BaseModel):
     """GET /rest/api/3/search/jql: `nextPageToken` is absent (or null) on the last page."""
 
     model_config = _RAW
-    issues: list[Issue]
+    issues: list[Issue] = Field(default_factory=list)  # optional in Jira's schema: an empty page
     nextPageToken: str | None = None  # noqa: N815
     isLast: bool | None = None  # noqa: N815
 
