@@ -51,7 +51,8 @@ class JiraConfig(BaseModel):
         description="The IANA time zone of the calling account's profile (GET /rest/api/3/myself: timeZone).")
     email: Annotated[str, AfterValidator(_email)] = Field(description="The calling account's email (not a secret).")
     token: Annotated[str, AfterValidator(check_reference)] = Field(
-        description="Credential reference to the account's API token with scopes, e.g. env:JIRA_TOKEN.")
+        description="Credential reference, e.g. env:JIRA_TOKEN, to the service account's API token with scopes "
+                    "read:jira-work and write:jira-work (it expires after 1 to 365 days).")
     excluded_issue_type_ids: list[Annotated[int, Field(gt=0)]] = Field(
         default_factory=list, description="Work types listed in the project that are not tickets (e.g. sub-tasks).")
     local_mode: bool = Field(default=False, description="Allow plain http to a loopback host (the simulator).")
