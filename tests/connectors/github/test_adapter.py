@@ -209,6 +209,7 @@ def test_a_primary_limit_waits_for_the_reset_and_sends_nothing_meanwhile(world):
 
 def test_a_primary_limit_answer_is_throttling_never_authorization(world):
     world.add_issues(1)
+    world.advance(3600 - world.state.clock.now().timestamp() % 3600)  # the start of an hour's window, whenever run
     world.state.primary = PrimaryLimit(limit=0, window_s=3600)
     result = fetch(world.adapter())
     assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("retryable", "throttled")
