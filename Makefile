@@ -54,7 +54,7 @@ bench-chaos: $(STAMP)
 	$(BIN)/python bench/workqueue_chaos.py
 
 bench-polling: $(STAMP)
-	$(BIN)/python bench/polling.py --provider both
+	$(BIN)/python bench/polling.py --provider all
 
 # Refresh the pins after changing dependencies in pyproject.toml.
 lock: $(STAMP)

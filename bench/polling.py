@@ -1,12 +1,13 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
-    python bench/polling.py --provider gitlab|github|both [--issues 10000] [--close-backs 1000]
+    python bench/polling.py --provider gitlab|github|jira|all [--issues 10000] [--close-backs 1000]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
 
-1. full sync of N issues (ties of 50 on one update time) page by page through the
-   code location's poll ticks, then route and drain them into tickets;
+1. full sync of N issues (ties of 50 on one update time; for Jira, whose JQL bound is a
+   minute, 50 inside each minute) page by page through the code location's poll ticks,
+   then route and drain them into tickets;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
 4. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
@@ -16,7 +17,7 @@ simulator in process (its time is measured at the transport and subtracted):
    hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
 
 Each provider prints one JSON line; the last line of stdout is one JSON object (with
-`both`, the two providers' objects under their names).
+`all`, every provider's object under its name).
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def _gitlab(issues: int):
              "get_issue": "read_issue"}
 
     def operation_of(request):
-        return names.get(GitLabSimulator._route(to_sim_request(request))[0], "other")
+        return names.get(GitLabSimulator.route(to_sim_request(request))[0], "other")
 
     return world, operation_of
 
@@ -97,7 +98,30 @@ def _github(issues: int, **world_options):
     return world, operation_of
 
 
-PROVIDERS = {"gitlab": _gitlab, "github": _github}
+def _jira(issues: int):
+    from datetime import timedelta
+
+    from nexus_pipelines.local.simulators.http import to_sim_request
+    from nexus_pipelines.local.simulators.jira import JiraSimulator
+    from tests.connectors.jira.harness import JiraWorld
+
+    world = JiraWorld()
+    start = world.state.clock.now() - timedelta(days=30)
+    for n in range(issues):
+        world.state.add_issue(world.cloud_id, world.project_id, summary=f"Issue {n}", description=f"Body {n}",
+                              labels=["bug"], updated_at=start + timedelta(minutes=n // 50, milliseconds=n % 50))
+    names = {"search_issues": "list", "add_comment": "comment", "do_transition": "close", "get_comments": "lookup",
+             "get_issue": "read_issue", "get_transitions": "transitions"}
+
+    def operation_of(request):
+        return names.get(JiraSimulator.route(to_sim_request(request))[0], "other")
+
+    return world, operation_of
+
+
+PROVIDERS = {"gitlab": _gitlab, "github": _github, "jira": _jira}
+# every provider call a close-back makes (a GitHub token mint is not one)
+CLOSE_OPERATIONS = ("comment", "close", "lookup", "transitions", "read_issue")
 
 
 def _rows(conn) -> dict[str, int]:
@@ -199,12 +223,11 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     # 3. close-back
     for ticket_id in ticket_ids:
         plant.prove(ticket_id, f"bench-{ticket_id}")
-    writes_before = timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
+    writes_before = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS)
     started = time.perf_counter()
     closed = plant.drain([registration.registration_id])
     close_s = time.perf_counter() - started
-    close_calls = (timed.calls.get("comment", 0) + timed.calls.get("close", 0) + timed.calls.get("lookup", 0)
-                   - writes_before)
+    close_calls = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS) - writes_before
 
     sensor_ms = _sensor_tick_ms(dsn, pool, world, folder / provider)
     pool.close()
@@ -277,7 +300,7 @@ def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--provider", choices=[*sorted(PROVIDERS), "both"], default="gitlab")
+    parser.add_argument("--provider", choices=[*sorted(PROVIDERS), "all"], default="gitlab")
     parser.add_argument("--issues", type=int, default=10_000)
     parser.add_argument("--close-backs", type=int, default=1_000)
     args = parser.parse_args()
@@ -293,7 +316,7 @@ def main() -> int:
     else:
         server = EmbeddedPostgres(folder / "pg")  # default settings: fsync on, as in production
         admin = server.start().dsn()
-    providers = sorted(PROVIDERS) if args.provider == "both" else [args.provider]
+    providers = sorted(PROVIDERS) if args.provider == "all" else [args.provider]
     results = {}
     try:
         for provider in providers:

@@ -71,6 +71,9 @@ _TOKEN_PREFIXES = re.compile(
     r"^(glpat-|gldt-|glrt-|glptt-|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|xox[abpr]-|sk_live_|AKIA[0-9A-Z]{12})"
 )
 _OPAQUE = re.compile(r"^[A-Za-z0-9+/=_-]{24,}$")
+# A random (version 4) UUID is how some providers name a container (a Jira site's cloud id):
+# an identifier, not a credential.
+_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
 
 
 def looks_like_secret(value: str) -> bool:
@@ -82,6 +85,8 @@ def looks_like_secret(value: str) -> bool:
         return True
     if re.search(r"://[^/\s:@]+:[^/\s@]+@", value):
         return True
+    if _UUID4.match(value):
+        return False
     if _OPAQUE.match(value) and re.search(r"\d", value) and re.search(r"[A-Za-z]", value):
         return _entropy_bits(value) >= 3.5
     return False

@@ -58,3 +58,11 @@ def test_unresolvable_references_name_the_reference(tmp_path, monkeypatch):
         resolve(f"file:{tmp_path}/short")
     (tmp_path / "key").write_text("a-long-enough-secret\n")
     assert resolve(f"file:{tmp_path}/key").get_secret_value() == "a-long-enough-secret"
+
+
+def test_a_random_uuid_names_a_container_but_an_opaque_token_is_still_a_secret():
+    from nexus_pipelines.redaction import looks_like_secret
+
+    assert not looks_like_secret("1a11d016-8984-4c3e-b9ab-142dd06acb1b")  # a Jira site's cloud id
+    assert looks_like_secret("ATATT3xFfGF0a81bQ9zK2mW7pLq4Rt6Yv8Nc1Dd3Ee5Gg7Hh9Jj0Kk2")
+    assert looks_like_secret("1a11d016-8984-4c3e-b9ab-142dd06acb1b-but-longer9x")  # not a UUID at all

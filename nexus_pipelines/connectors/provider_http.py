@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import email.utils
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -20,11 +21,12 @@ from pydantic import ValidationError
 
 from nexus_pipelines.connectors.core.values import (
     DETAIL_MAX_CHARS,
+    AmbiguousWrite,
     CloseFailure,
     ConnectorAttempt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import EgressRefused, bounded_timeout
+from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout
 from nexus_pipelines.redaction import one_line
 
 
@@ -71,6 +73,29 @@ def close_failure(problem: Problem, disposition: str = "not_written") -> CloseFa
                         retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
 
 
+@dataclass(frozen=True)
+class MarkerLookup:
+    """A search of one issue's comments for a command's marker: found (the comment id),
+    absent (`found` and `problem` both None), or inconclusive (`problem` says why)."""
+
+    found: str | None = None
+    problem: Problem | None = None
+
+
+def after_comment_write(problem: Problem,
+                        find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | AmbiguousWrite | None]:
+    """The comment write failed with `problem`: (the comment id found by its marker, None) or
+    (None, the failure to return). Only a write that may have landed is looked up (CX-09)."""
+    if not problem.maybe_written:
+        return None, close_failure(problem)
+    lookup = find_marker()
+    if lookup.found is not None:
+        return lookup.found, None
+    if lookup.problem is None:
+        return None, close_failure(problem, "reconciled_absent")
+    return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:DETAIL_MAX_CHARS])
+
+
 class Deadline:
     """The invocation's own view of its budget: every request's timeout fits inside it."""
 
@@ -80,6 +105,18 @@ class Deadline:
     def timeout(self) -> httpx.Timeout | None:
         remaining_ms = int((self._end - time.monotonic()) * 1000)
         return bounded_timeout(remaining_ms) if remaining_ms >= 1 else None
+
+
+def send(client: httpx.Client, method: str, url: str, deadline: Deadline, endpoint: str,
+         **kwargs) -> httpx.Response | Problem:
+    """One request inside the invocation's budget; a transport failure comes back as its Problem."""
+    timeout = deadline.timeout()
+    if timeout is None:
+        return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
+    try:
+        return client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - every transport failure is classified
+        return exception_problem(exc)
 
 
 def next_link(response: httpx.Response) -> str | None:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nexus_pipelines.connectors import github, gitlab
+from nexus_pipelines.connectors import github, gitlab, jira
 from nexus_pipelines.connectors.core.registration import Registration, load_directory
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.settings import PROJECT_ROOT, load_settings
 
-REGISTRY = ConnectorRegistry([gitlab.SPEC, github.SPEC])
+REGISTRY = ConnectorRegistry([gitlab.SPEC, github.SPEC, jira.SPEC])
 LOCAL_REGISTRATIONS_DIR = PROJECT_ROOT / "configs" / "connectors" / "local"
 
 

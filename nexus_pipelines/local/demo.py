@@ -8,7 +8,7 @@
 3. the NexusCRM simulator answers over real HTTP on loopback (local mode allows http);
 4. run `month_end_arr` through its asset graph, then run it again unchanged;
 5. print each run's ledger status, counts and the upsert calls it made;
-6. run the GitLab and GitHub issue intake and close-back (`demo_connectors.py`);
+6. run the GitLab, GitHub and Jira issue intake and close-back (`demo_connectors.py`);
 7. hand the ports back to the stack's sandbox process, so `make dev` finds it running.
 """
 

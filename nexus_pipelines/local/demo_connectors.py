@@ -1,10 +1,11 @@
-"""The issue-intake part of `make demo`: one GitLab and one GitHub registration side by side,
-each against its simulator on loopback, through the code location's own Dagster jobs.
+"""The issue-intake part of `make demo`: a GitLab, a GitHub and a Jira registration side by
+side, each against its simulator on loopback, through the code location's own Dagster jobs.
 
-1. the sandbox's GitLab and GitHub simulators (`sandbox.py`) serve a project and a
-   repository seeded the first time (the repository gets a pull request too, which the
-   connector skips);
-2. activate the `demo-gitlab` and `demo-github` registrations (configs/connectors/local);
+1. the sandbox's GitLab, GitHub and Jira simulators (`sandbox.py`) serve a project, a
+   repository and a Jira project seeded the first time (with a task, a pull request and a
+   sub-task that the connectors skip);
+2. activate the `demo-gitlab`, `demo-github` and `demo-jira` registrations
+   (configs/connectors/local);
 3. per registration, run the poll, receipt-router and drain jobs: issues in, tickets out
    (UNTRIAGED, P2);
 4. the demo commander sets the first ticket's priority and accepts it (through the same

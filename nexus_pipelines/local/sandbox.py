@@ -1,4 +1,4 @@
-"""The local stack's provider sandbox: the NexusCRM, GitLab and GitHub simulators on fixed
+"""The local stack's provider sandbox: the NexusCRM, GitLab, GitHub and Jira simulators on fixed
 loopback ports with their demo credentials, and the Month End ARR source rows in the
 BigQuery emulator, so every job of the code location runs from the Dagster UI of
 `make dev` with no file edited.
@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-CRM_PORT, GITLAB_PORT, GITHUB_PORT = 18928, 18929, 18930  # configs/connectors/local names the last two
-PORTS = (CRM_PORT, GITLAB_PORT, GITHUB_PORT)
+CRM_PORT, GITLAB_PORT, GITHUB_PORT, JIRA_PORT = 18928, 18929, 18930, 18931  # configs/connectors/local names 3
+PORTS = (CRM_PORT, GITLAB_PORT, GITHUB_PORT, JIRA_PORT)
+Ports = tuple[int, int, int, int]
+JIRA_ACCOUNT = "712020:nexus-demo"
 DEMO_ISSUES = 24
 GITLAB_PROJECT_ID = 278964
 GITLAB_TOKEN = "demo-gitlab-project-token-not-a-secret"
@@ -34,7 +36,7 @@ CRM_CLIENT_ID, CRM_CLIENT_SECRET = "demo-crm-client-id", "demo-crm-client-secret
 SOURCE_DATASET, SOURCE_ROWS, REJECT_EVERY = "finance_marts", 3000, 250  # every 250th row: a negative ARR
 
 
-def environment(local_dir: Path, ports: tuple[int, int, int] = PORTS) -> dict[str, str]:
+def environment(local_dir: Path, ports: Ports = PORTS) -> dict[str, str]:
     """The variables that point the code location at the sandbox (written to `.nexus_local/env`)."""
     return {
         "NEXUSCRM_BASE_URL": f"http://127.0.0.1:{ports[0]}",
@@ -42,7 +44,20 @@ def environment(local_dir: Path, ports: tuple[int, int, int] = PORTS) -> dict[st
         "NEXUSCRM_CLIENT_SECRET": CRM_CLIENT_SECRET,
         "NEXUS_DEMO_GITLAB_TOKEN": GITLAB_TOKEN,
         "NEXUS_DEMO_GITHUB_APP_KEY": github_app_key(local_dir)[0],
+        "NEXUS_DEMO_JIRA_TOKEN": jira_token(local_dir),
     }
+
+
+def jira_token(local_dir: Path) -> str:
+    """The sandbox's Jira API token (Atlassian's shape), made once and kept like the App key."""
+    import secrets
+
+    path = local_dir / "simulators" / "jira-token"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("ATATT3x" + secrets.token_urlsafe(140))
+        path.chmod(0o600)
+    return path.read_text()
 
 
 def github_app_key(local_dir: Path) -> tuple[str, str]:
@@ -69,7 +84,7 @@ def github_app_key(local_dir: Path) -> tuple[str, str]:
 class Tracker:
     """One issue tracker simulator of the sandbox and the registration that polls it."""
 
-    name: str  # gitlab | github
+    name: str  # gitlab | github | jira
     registration_id: str
     skipped: str  # what the connector skips there
     state: object
@@ -79,8 +94,14 @@ class Tracker:
 
     def issue(self, external_ref: str) -> tuple[str, list[str]]:
         """(state, comment bodies) of an issue at the tracker."""
-        container, number = (int(part) for part in external_ref.split(":")[1:])
-        issue = self.state.issue(container, number)
+        _, container, number = external_ref.split(":")
+        if self.name == "jira":
+            from nexus_pipelines.local.simulators.jira import STATUSES
+
+            issue = self.state.issue(container, int(number))
+            done = STATUSES[issue.status][1] == "done"
+            return ("closed" if done else "open"), self.state.comment_texts(container, int(number))
+        issue = self.state.issue(int(container), int(number))
         if self.name == "gitlab":
             return ("closed" if issue.state == "closed" else "open"), [n.body for n in issue.notes]
         return issue.state, [c.body for c in issue.comments]
@@ -124,6 +145,24 @@ def _github(local_dir: Path, port: int) -> Tracker:
     return Tracker("github", "acme/demo-github", "a pull request", state, build_github_app(state), port, state_file)
 
 
+def _jira(local_dir: Path, port: int) -> Tracker:
+    from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, load_registrations
+    from nexus_pipelines.local.simulators.jira import SUBTASK, JiraState, build_jira_app
+
+    config = load_registrations(LOCAL_REGISTRATIONS_DIR)["acme/demo-jira"].provider
+    state, state_file = JiraState(), local_dir / "simulators" / "jira.json"
+    if not state.load(state_file):
+        state.add_project(config.cloud_id, config.project_id, "PLAT")
+        _issues(lambda t, d, labels, at: state.add_issue(config.cloud_id, config.project_id, summary=t, description=d,
+                                                         labels=labels, updated_at=at),
+                lambda: state.add_issue(config.cloud_id, config.project_id, summary="A sub-task the connector skips",
+                                        issuetype=SUBTASK))
+    state.add_account(JIRA_ACCOUNT, config.email, "nexus demo", config.jql_time_zone)
+    state.add_token(jira_token(local_dir), config.email)
+    state.grant(config.cloud_id, config.project_id, JIRA_ACCOUNT)
+    return Tracker("jira", "acme/demo-jira", "a sub-task", state, build_jira_app(state), port, state_file)
+
+
 def crm_state():
     """The CRM object as the month_end_arr mapper declares it, with the org's rule against negative ARR."""
     from nexus_pipelines.local.simulators.nexuscrm import NexusCrmState, rejects_negative
@@ -150,14 +189,14 @@ def seed_source(bq_project: str, emulator_url: str) -> None:
 class Sandbox:
     """The simulators served in this process; `stop` saves the trackers' data."""
 
-    def __init__(self, local_dir: Path, ports: tuple[int, int, int] = PORTS) -> None:
+    def __init__(self, local_dir: Path, ports: Ports = PORTS) -> None:
         from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
 
         self.local_dir = local_dir
         self.crm_port = ports[0]
         self.crm = crm_state()
         self.crm_app = build_nexuscrm_app(self.crm)
-        self.trackers = [_gitlab(local_dir, ports[1]), _github(local_dir, ports[2])]
+        self.trackers = [_gitlab(local_dir, ports[1]), _github(local_dir, ports[2]), _jira(local_dir, ports[3])]
         self._stops: list[Callable[[], None]] = []
 
     def serve(self) -> list[str]:
@@ -186,7 +225,7 @@ class Sandbox:
 class SandboxProcess:
     """The sandbox as a detached process of the local stack, found again through its pid file."""
 
-    def __init__(self, local_dir: Path, ports: tuple[int, int, int] = PORTS) -> None:
+    def __init__(self, local_dir: Path, ports: Ports = PORTS) -> None:
         self.local_dir = local_dir
         self.ports = ports
         self._pid_file = local_dir / "sandbox.pid"

@@ -18,15 +18,15 @@ from nexus_pipelines.control.migrations import apply_migrations
 from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
 from nexus_pipelines.local.dagster_home import write_local_home
 from nexus_pipelines.local.postgres import EmbeddedPostgres, StackError, ensure_database
-from nexus_pipelines.local.sandbox import PORTS, SandboxProcess, environment
+from nexus_pipelines.local.sandbox import PORTS, Ports, SandboxProcess, environment
 from nexus_pipelines.settings import NexusSettings
 from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR
 
 DATABASE = "nexus"
 
 
-def simulators_text(ports: tuple[int, int, int]) -> str:
-    return f"NexusCRM :{ports[0]}, GitLab :{ports[1]}, GitHub :{ports[2]} (127.0.0.1)"
+def simulators_text(ports: Ports) -> str:
+    return f"NexusCRM :{ports[0]}, GitLab :{ports[1]}, GitHub :{ports[2]}, Jira :{ports[3]} (127.0.0.1)"
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class StackInfo:
     dagster_home: Path
     env_file: Path
     migrations_applied: list[str]
-    sandbox_ports: tuple[int, int, int] = PORTS
+    sandbox_ports: Ports = PORTS
 
     def lines(self) -> list[str]:
         source = "embedded" if self.pg_embedded else "NEXUS_PG_DSN"
@@ -52,7 +52,7 @@ class StackInfo:
 
 
 class LocalStack:
-    def __init__(self, settings: NexusSettings, *, sandbox_ports: tuple[int, int, int] = PORTS) -> None:
+    def __init__(self, settings: NexusSettings, *, sandbox_ports: Ports = PORTS) -> None:
         self.settings = settings
         self.root = settings.local_dir
         self.postgres = EmbeddedPostgres(self.root / "postgres")

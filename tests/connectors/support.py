@@ -4,7 +4,7 @@ does, with the world's in-process transport as the only difference."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
 from psycopg import Connection
@@ -17,6 +17,7 @@ from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import PollRunReport, poll
 from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.local.simulators.http import Fault, TransportFault, to_sim_request
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
 from nexus_pipelines.tickets.proofs import record_proof
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
@@ -26,6 +27,51 @@ from nexus_pipelines.workqueue.worker import DrainReport, drain
 from tests.tickets.support import accept
 
 NO_WAIT = RetryPolicy(base_s=0, cap_s=0, jitter=0)
+# The shared suite's transport fault names (tests/connectors/conformance/harness.py) as simulator faults:
+# the same for every provider, since the transport fails the same way whoever answers.
+TRANSPORT_FAULTS = {
+    "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
+    "connect_error": TransportFault.CONNECT_ERROR,
+    "read_error": TransportFault.RESET_BEFORE_RESPONSE,
+    "protocol_error": TransportFault.PROTOCOL_ERROR,
+    "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
+    "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
+    "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
+}
+
+
+
+class SimulatorWorld:
+    """The half of a conformance `World` that is the same over every simulator: faults queued
+    per suite operation, recorded requests named by the simulator's route, the clock.
+
+    A provider's world sets `operations` (suite operation -> simulator operation) and
+    `route` (its simulator's static route), defines `fault(name)`, and has `state` (with
+    `faults` and `clock`) and `transport` (a `SimulatorTransport`)."""
+
+    operations: Mapping[str, str]
+    route: Callable  # (SimRequest) -> (operation, groups)
+    fault: Callable[[str], Fault]  # a suite fault name -> the provider's answer
+
+    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
+        self.state.faults.push(self.operations[operation], *[self.fault(fault)] * times)
+
+    def clear_faults(self) -> None:
+        self.state.faults.clear()
+
+    def requests(self) -> list[tuple[str, str]]:
+        names = {v: k for k, v in self.operations.items()}
+        out = []
+        for request in self.transport.requests:
+            operation, _ = self.route(to_sim_request(request))
+            out.append((names.get(operation, operation), request.method))
+        return out
+
+    def clear_requests(self) -> None:
+        self.transport.requests.clear()
+
+    def advance(self, seconds: float) -> None:
+        self.state.clock.advance(seconds)
 
 
 def executor() -> RetryExecutor:
@@ -136,3 +182,14 @@ def all_control_text(conn) -> str:
         rows = conn.execute(f'SELECT "{column}"::text FROM "{table}" WHERE "{column}" IS NOT NULL').fetchall()
         parts.extend(r[0] for r in rows)
     return "\n".join(parts)
+
+
+def everything_recorded(plant: Plant, registration: Registration, reports: Sequence[PollRunReport], log_text: str) -> str:
+    """Every text a secret could leak into: logs, the composed adapter's repr, the poll ticks,
+    every control-plane table and the registration's cursor tokens, as one string."""
+    texts = [log_text, repr(plant.composer(registration))]
+    texts += [str(tick.as_dict()) for report in reports for tick in report.ticks]
+    with plant.pool.connection() as conn:
+        texts.append(all_control_text(conn))
+        texts.extend(v.cursor or "" for v in store.progress(conn, [registration.registration_id]))
+    return "\n".join(texts)

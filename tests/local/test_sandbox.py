@@ -38,7 +38,7 @@ def test_production_defaults_to_the_production_config(monkeypatch):
 
 def test_the_trackers_keep_their_data_and_the_app_key_between_sandboxes(tmp_path):
     first = Sandbox(tmp_path, free_ports())
-    (gitlab, github) = first.trackers
+    (gitlab, github, jira) = first.trackers
     gitlab.state.update_issue(278964, 1, title="changed while served")
     first.stop()
     key = environment(tmp_path)["NEXUS_DEMO_GITHUB_APP_KEY"]

@@ -8,7 +8,7 @@ from nexus_pipelines.local.stack import LocalStack
 from nexus_pipelines.settings import NexusSettings
 
 
-def free_ports(n: int = 3) -> tuple[int, ...]:
+def free_ports(n: int = 4) -> tuple[int, ...]:
     import socket
 
     sockets = [socket.socket() for _ in range(n)]

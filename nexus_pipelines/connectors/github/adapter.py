@@ -55,13 +55,13 @@ from nexus_pipelines.connectors.provider_http import (
     Problem,
     body_is_truncated,
     close_failure,
-    exception_problem,
     fetch_failure,
     first_error,
     next_link,
+    send,
     served_at,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of
+from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
 
 KIND = "github"
 API_VERSION = "2022-11-28"
@@ -154,13 +154,9 @@ class GitHubConnector:
         return response
 
     def _request(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
-        timeout = deadline.timeout()
-        if timeout is None:
-            return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
-        try:
-            response = self._http.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return exception_problem(exc)
+        response = send(self._http, method, url, deadline, endpoint, **kwargs)
+        if isinstance(response, Problem):
+            return response
         self._clock.observe(response)
         self._gate.observe(response)
         return response

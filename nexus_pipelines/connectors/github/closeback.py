@@ -7,7 +7,6 @@ exact marker, the close by reading the issue's state. A lookup that cannot tell 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
@@ -19,7 +18,14 @@ from nexus_pipelines.connectors.core.values import (
     CloseExternalIssueResult,
     ConnectorReceipt,
 )
-from nexus_pipelines.connectors.provider_http import Deadline, Problem, close_failure, next_link
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    MarkerLookup,
+    Problem,
+    after_comment_write,
+    close_failure,
+    next_link,
+)
 from nexus_pipelines.integrations.http import origin_of
 
 MAX_COMMENT_PAGES = 30  # a marker lookup reads at most 3,000 comments before it calls itself inconclusive
@@ -47,12 +53,6 @@ class _Connector(Protocol):
              **kwargs) -> httpx.Response | Problem: ...
 
     def classify(self, response: httpx.Response, what: str) -> Problem: ...
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    found: str | None = None  # the comment id carrying the marker
-    problem: Problem | None = None  # set when the lookup could not tell
 
 
 def _closed(response: httpx.Response) -> bool | None:
@@ -97,16 +97,8 @@ class CloseBack:
             except ValidationError:
                 problem = Problem("retryable", "transport_protocol", "creating the comment: the answer does not "
                                   "parse", maybe_written=True)
-        if problem is None:
-            problem = self._connector.classify(response, "creating the comment")
-        if not problem.maybe_written:
-            return None, close_failure(problem)
-        lookup = self._find_marker()
-        if lookup.found is not None:
-            return lookup.found, None
-        if lookup.problem is None:
-            return None, close_failure(problem, "reconciled_absent")
-        return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:300])
+        return after_comment_write(problem or self._connector.classify(response, "creating the comment"),
+                                   self._find_marker)
 
     def _close(self, comment_id: str) -> CloseExternalIssueResult:
         response = self._send("PATCH", self._url, "update_issue", json=CLOSE_BODY)
@@ -132,29 +124,29 @@ class CloseBack:
         return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
                                 marker=command.marker, comment_ref=f"comment:{comment_id}")
 
-    def _find_marker(self) -> _Lookup:
+    def _find_marker(self) -> MarkerLookup:
         """Every page of the issue's comments, for the exact marker: found, absent (problem None),
         or inconclusive."""
         url, params, origin = f"{self._url}/comments", {"per_page": 100}, origin_of(self._url)
         for _ in range(MAX_COMMENT_PAGES):
             response = self._send("GET", url, "list_comments", params=params)
             if isinstance(response, Problem):
-                return _Lookup(problem=response)
+                return MarkerLookup(problem=response)
             if response.status_code != 200:
-                return _Lookup(problem=self._connector.classify(response, "reading comments"))
+                return MarkerLookup(problem=self._connector.classify(response, "reading comments"))
             try:
                 comments = _COMMENTS.validate_json(response.content)
             except ValidationError:
-                return _Lookup(problem=Problem("retryable", "transport_protocol", "reading comments: the body does "
+                return MarkerLookup(problem=Problem("retryable", "transport_protocol", "reading comments: the body does "
                                                "not parse"))
             for comment in comments:
                 if comment.body is not None and self._command.marker in comment.body:
-                    return _Lookup(found=str(comment.id))
+                    return MarkerLookup(found=str(comment.id))
             link = next_link(response)
             if link is None:
-                return _Lookup()
+                return MarkerLookup()
             if origin_of(link) != origin:
-                return _Lookup(problem=Problem("terminal", "invalid_payload", "a comments link points elsewhere"))
+                return MarkerLookup(problem=Problem("terminal", "invalid_payload", "a comments link points elsewhere"))
             url, params = link, None
-        return _Lookup(problem=Problem("retryable", "provider_5xx", f"reading comments: more than "
+        return MarkerLookup(problem=Problem("retryable", "provider_5xx", f"reading comments: more than "
                                        f"{MAX_COMMENT_PAGES} pages"))

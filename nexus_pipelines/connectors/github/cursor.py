@@ -26,8 +26,8 @@ import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from nexus_pipelines.connectors import scan
-from nexus_pipelines.connectors.scan import NONE, CursorError, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import format_time as format_seconds
 
 PREFIX = "gh1"
 _FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+);next=(.+)$")
@@ -36,11 +36,11 @@ SCAN_OVERLAP = timedelta(seconds=1)
 
 def format_time(value: datetime | None) -> str:
     """GitHub's ISO 8601 form, whole seconds (`since` is second-granular)."""
-    return scan.format_time(value and _whole_second(value), timespec="seconds")
+    return format_seconds(value, timespec="seconds")
 
 
-def _whole_second(value: datetime) -> datetime:
-    return value.astimezone(UTC).replace(microsecond=0)
+def _whole_second(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC).replace(microsecond=0)
 
 
 @dataclass(frozen=True)
@@ -84,7 +84,7 @@ class GitHubCursor:
         return self._next_scan(scan_from, hwm, first_etag)
 
     def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
-        since = next_scan_since(self.since, hwm, scan_from, overlap=SCAN_OVERLAP, granularity=_whole_second)
+        since = next_scan_since(self.since, _whole_second(hwm), _whole_second(scan_from), SCAN_OVERLAP)
         # the first page's ETag answers the same question only when the next scan asks it again
         return GitHubCursor(seq=self.seq + 1, since=since, etag=etag if since == self.since else None)
 

@@ -45,6 +45,7 @@ from nexus_pipelines.connectors.provider_http import (
     fetch_failure,
     first_error,
     next_link,
+    send,
     served_at,
 )
 from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of, parse_retry_after
@@ -254,13 +255,7 @@ class GitLabConnector:
         return self._close(base, command, note_id, deadline)
 
     def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
-        timeout = deadline.timeout()
-        if timeout is None:
-            return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
-        try:
-            return self._http.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return exception_problem(exc)
+        return send(self._http, method, url, deadline, endpoint, **kwargs)
 
     def _post_note(self, base: str, command: CloseExternalIssue,
                    deadline: Deadline) -> tuple[str | None, CloseExternalIssueResult | None]:

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from nexus_pipelines.connectors.scan import NONE, CursorError, format_time, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, format_time, next_scan_since, parse_time
 
 PREFIX = "gl1"
 _FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);next=(.+)$")
@@ -56,5 +56,4 @@ class GitLabCursor:
         hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
         if next_link is not None:
             return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link)
-        return GitLabCursor(seq=self.seq + 1,
-                            since=next_scan_since(self.since, hwm, scan_from, overlap=SCAN_OVERLAP))
+        return GitLabCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))

@@ -33,7 +33,6 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
 from __future__ import annotations
 
 import base64
-import email.utils
 import hashlib
 import itertools
 import json
@@ -49,15 +48,9 @@ from urllib.parse import urlencode
 
 import jwt
 
-from nexus_pipelines.local.simulators.http import (
-    Fault,
-    FaultQueue,
-    SimClock,
-    SimRequest,
-    SimResponse,
-    answer_fault,
-    build_app,
-)
+from nexus_pipelines.local.simulators.gitlab import SimClock
+from nexus_pipelines.local.simulators.http import Fault, FaultQueue, Simulator, SimRequest, SimResponse, build_app
+from nexus_pipelines.local.simulators.http import load_data, save_data
 
 API_VERSIONS = ("2022-11-28", "2026-03-10")
 DOCS = "https://docs.github.com/rest"
@@ -262,13 +255,12 @@ class GitHubState:
                                       "issues": [asdict(i) for i in r.issues.values()]}
                                      for r in self.repositories.values()],
                     "next_id": next(self._ids)}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, default=str))
+        save_data(path, data)
 
     def load(self, path: Path) -> bool:
-        if not path.exists():
+        data = load_data(path)
+        if data is None:
             return False
-        data = json.loads(path.read_text())
         with self._lock:
             for r in data["repositories"]:
                 repo = self.add_repository(r["id"], r["owner"], r["name"])
@@ -414,28 +406,10 @@ def _bearer(request: SimRequest) -> str | None:
     return value.strip() if scheme.lower() in ("bearer", "token") and value.strip() else None
 
 
-class GitHubSimulator:
-    """`handle` is the whole API; the state is `GitHubState`."""
+class GitHubSimulator(Simulator):
+    """The GitHub API over a `GitHubState`: `route` names the operation, `_answer` serves it."""
 
-    def __init__(self, state: GitHubState) -> None:
-        self.state = state
-
-    def __call__(self, request: SimRequest) -> SimResponse:
-        return self.handle(request)
-
-    def handle(self, request: SimRequest) -> SimResponse:
-        operation, match = self.route(request)
-        with self.state._lock:
-            self.state.calls[operation] += 1
-        fault = self.state.faults.pop(operation)
-        if fault is None:
-            return self._dated(self._answer(request, operation, match))
-        return self._dated(answer_fault(fault, lambda: self._dated(self._answer(request, operation, match)),
-                                        {"message": "Server Error", "documentation_url": DOCS}))
-
-    def _dated(self, response: SimResponse) -> SimResponse:
-        response.headers.setdefault("Date", email.utils.format_datetime(self.state.clock.now(), usegmt=True))
-        return response
+    fault_body = {"message": "Server Error", "documentation_url": DOCS}
 
     @staticmethod
     def route(request: SimRequest) -> tuple[str, dict[str, str] | None]:

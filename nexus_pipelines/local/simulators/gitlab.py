@@ -32,15 +32,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from nexus_pipelines.local.simulators.http import (
-    Fault,
-    FaultQueue,
-    SimClock,
-    SimRequest,
-    SimResponse,
-    answer_fault,
-    build_app,
-)
+from nexus_pipelines.local.simulators.http import Fault, FaultQueue, Simulator, SimRequest, SimResponse, build_app
+from nexus_pipelines.local.simulators.http import load_data, save_data
 
 OFFSET_TOTAL_LIMIT = 10_000
 NOTE_MAX_CHARS = 1_000_000
@@ -57,6 +50,25 @@ _NOTES = re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)/notes$")
 
 def iso_ms(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class SimClock:
+    """The simulator's wall clock: real time by default, or frozen and advanced by tests."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self._frozen = start
+        self._lock = threading.Lock()
+
+    def now(self) -> datetime:
+        with self._lock:
+            moment = self._frozen or datetime.now(UTC)
+        return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            if self._frozen is None:
+                raise RuntimeError("advance() needs a frozen clock")
+            self._frozen += timedelta(seconds=seconds)
 
 
 @dataclass
@@ -194,13 +206,12 @@ class GitLabState:
                 ],
                 "next_id": next(self._ids),
             }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, default=str))
+        save_data(path, data)
 
     def load(self, path: Path) -> bool:
-        if not path.exists():
+        data = load_data(path)
+        if data is None:
             return False
-        data = json.loads(path.read_text())
         with self._lock:
             for p in data["projects"]:
                 project = self.add_project(p["id"], p["path"])
@@ -301,32 +312,13 @@ def _parse_time(value: str) -> datetime | None:
 # -- the handler -------------------------------------------------------------------------
 
 
-class GitLabSimulator:
-    """`handle` is the whole API; `transport()` and `app()` expose it."""
+class GitLabSimulator(Simulator):
+    """The GitLab API: `route` names the operation, `_answer` serves it."""
 
-    def __init__(self, state: GitLabState) -> None:
-        self.state = state
-
-    def __call__(self, request: SimRequest) -> SimResponse:
-        return self.handle(request)
-
-    def handle(self, request: SimRequest) -> SimResponse:
-        state = self.state
-        operation, route = self._route(request)
-        with state._lock:
-            state.calls[operation] += 1
-        fault = state.faults.pop(operation)
-        if fault is None:
-            return self._dated(self._answer(request, operation, route))
-        return self._dated(answer_fault(fault, lambda: self._dated(self._answer(request, operation, route)),
-                                        {"message": "500 Internal Server Error"}))
-
-    def _dated(self, response: SimResponse) -> SimResponse:
-        response.headers.setdefault("Date", email.utils.format_datetime(self.state.clock.now(), usegmt=True))
-        return response
+    fault_body = {"message": "500 Internal Server Error"}
 
     @staticmethod
-    def _route(request: SimRequest) -> tuple[str, tuple[int, ...] | None]:
+    def route(request: SimRequest) -> tuple[str, tuple[int, ...] | None]:
         for pattern, names in ((_NOTES, {"GET": "list_notes", "POST": "create_note"}),
                                (_ISSUE, {"GET": "get_issue", "PUT": "edit_issue"}),
                                (_ISSUES, {"GET": "list_issues"})):

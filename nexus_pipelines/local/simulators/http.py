@@ -11,6 +11,7 @@ answers every request it receives.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import socket
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -163,6 +165,48 @@ class InjectedFault(Exception):
         super().__init__(fault.value)
         self.fault = fault
         self.response = response
+
+
+def save_data(path: Path, data: dict[str, Any]) -> None:
+    """A simulator's data as JSON (the local stack keeps it across restarts, like a real tracker)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, default=str))
+
+
+def load_data(path: Path) -> dict[str, Any] | None:
+    """What `save_data` wrote, or None before the first save."""
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+class Simulator:
+    """What every provider's handler shares: count the routed operation, answer its queued
+    fault or the request itself, and stamp the state clock's `Date` on the answer.
+
+    A subclass gives a static `route(request) -> (operation, groups)`, an
+    `_answer(request, operation, groups)` and `fault_body`, the provider's body for a
+    status fault; its state has `_lock`, `calls`, `faults` and `clock`."""
+
+    fault_body: Any = None
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def __call__(self, request: SimRequest) -> SimResponse:
+        return self.handle(request)
+
+    def handle(self, request: SimRequest) -> SimResponse:
+        operation, groups = self.route(request)
+        with self.state._lock:
+            self.state.calls[operation] += 1
+        fault = self.state.faults.pop(operation)
+        if fault is None:
+            return self._dated(self._answer(request, operation, groups))
+        return self._dated(answer_fault(fault, lambda: self._dated(self._answer(request, operation, groups)),
+                                        self.fault_body))
+
+    def _dated(self, response: SimResponse) -> SimResponse:
+        response.headers.setdefault("Date", email.utils.format_datetime(self.state.clock.now(), usegmt=True))
+        return response
 
 
 def _raise(fault: TransportFault, request: httpx.Request, response: SimResponse | None) -> httpx.Response:

@@ -20,8 +20,10 @@ from nexus_pipelines.connectors.core.registration import Registration, parse_reg
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
-from nexus_pipelines.local.simulators.http import Fault, SimClock, SimulatorTransport, TransportFault, to_sim_request
+from nexus_pipelines.local.simulators.gitlab import SimClock
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from tests.connectors.github.keys import shared_key_pair
+from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242
@@ -31,16 +33,6 @@ KEY_ENV = "NEXUS_TEST_GITHUB_APP_KEY"
 
 _OPERATIONS = {"list": "list_issues", "comment": "create_comment", "close": "update_issue", "lookup": "list_comments",
                "read_issue": "get_issue"}
-_NAMES = {v: k for k, v in _OPERATIONS.items()}
-_TRANSPORT = {
-    "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
-    "connect_error": TransportFault.CONNECT_ERROR,
-    "read_error": TransportFault.RESET_BEFORE_RESPONSE,
-    "protocol_error": TransportFault.PROTOCOL_ERROR,
-    "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
-    "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
-    "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
-}
 
 
 def primary_limit_headers(reset_epoch: int) -> dict[str, str]:
@@ -58,8 +50,10 @@ class _Switch(httpx.BaseTransport):
         return self.inner.handle_request(request)
 
 
-class GitHubWorld:
+class GitHubWorld(SimulatorWorld):
     kind = "github"
+    operations = _OPERATIONS
+    route = staticmethod(GitHubSimulator.route)
 
     def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
                  clock: SimClock | None = None) -> None:
@@ -132,8 +126,8 @@ class GitHubWorld:
         self.state.add_comment(self.repository_id, self._number(external_ref), body, User(8, "someone"))
 
     def fault(self, name: str) -> Fault:
-        if name in _TRANSPORT:
-            return Fault(transport=_TRANSPORT[name])
+        if name in TRANSPORT_FAULTS:
+            return Fault(transport=TRANSPORT_FAULTS[name])
         reset = int(self.state.clock.now().timestamp()) + 3600
         return {
             "throttled": Fault(status=403, headers={"retry-after": "1"},
@@ -149,22 +143,3 @@ class GitHubWorld:
             "invalid_payload": Fault(status=200, body=[{"id": "not-a-number", "number": 1}]),
             "apply_then_5xx": Fault(after_apply_status=502),
         }[name]
-
-    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
-        self.state.faults.push(_OPERATIONS[operation], *[self.fault(fault)] * times)
-
-    def clear_faults(self) -> None:
-        self.state.faults.clear()
-
-    def requests(self) -> list[tuple[str, str]]:
-        out = []
-        for request in self.transport.requests:
-            operation, _ = GitHubSimulator.route(to_sim_request(request))
-            out.append((_NAMES.get(operation, operation), request.method))
-        return out
-
-    def clear_requests(self) -> None:
-        self.transport.requests.clear()
-
-    def advance(self, seconds: float) -> None:
-        self.state.clock.advance(seconds)

@@ -20,6 +20,7 @@ from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePa
 from nexus_pipelines.connectors.github import SPEC
 from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
+from nexus_pipelines.connectors.github.limits import RESET_SLACK_S
 from nexus_pipelines.connectors.provider_http import Deadline
 from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit
 from nexus_pipelines.local.simulators.http import Fault
@@ -212,7 +213,9 @@ def test_a_primary_limit_answer_is_throttling_never_authorization(world):
     world.state.primary = PrimaryLimit(limit=0, window_s=3600)
     result = fetch(world.adapter())
     assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("retryable", "throttled")
-    assert result.retry_after_seconds > 60 and "API rate limit exceeded" in result.detail
+    until_reset = 3600 - world.state.clock.now().timestamp() % 3600  # the world's clock is the wall time
+    assert result.retry_after_seconds == pytest.approx(until_reset + RESET_SLACK_S, abs=2)  # not a 60 s default
+    assert "API rate limit exceeded" in result.detail
 
 
 @pytest.mark.parametrize("retry_after, minimum", [(30, 30), (None, 60)])

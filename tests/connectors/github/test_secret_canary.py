@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import logging
 
-from nexus_pipelines.connectors.core import store
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.github.harness import INSTALLATION_ID, GitHubWorld
 from tests.connectors.github.keys import new_key_pair
-from tests.connectors.support import Plant, all_control_text, tickets_by_ref
+from tests.connectors.support import Plant, everything_recorded, tickets_by_ref
 
 
 def test_no_github_credential_leaves_the_adapter(pool, caplog):
@@ -32,12 +31,7 @@ def test_no_github_credential_leaves_the_adapter(pool, caplog):
     reports.append(plant.sync([registration]))
     jwts = [r.headers["Authorization"].removeprefix("Bearer ") for r in world.transport.requests
             if r.url.path.endswith("/access_tokens")]
-    texts = [caplog.text, repr(plant.composer(registration))]
-    texts += [str(t.as_dict()) for report in reports for t in report.ticks]
-    with pool.connection() as conn:
-        texts.append(all_control_text(conn))
-        texts.extend(v.cursor or "" for v in store.progress(conn, [registration.registration_id]))
-    haystack = "\n".join(texts)
+    haystack = everything_recorded(plant, registration, reports, caplog.text)
     assert "canary 0" in haystack and "authentication" in haystack  # the scan and the failure were recorded
     key_body = "".join(world.private_key.splitlines()[1:-1])
     secrets = [*world.state.tokens, *jwts, key_body[:64], key_body[-64:]]

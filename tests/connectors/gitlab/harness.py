@@ -9,7 +9,8 @@ from nexus_pipelines.connectors.core.registration import Registration, parse_reg
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
-from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, TransportFault
+from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
+from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
 
 PROJECT_ID = 278964
 BASE_URL = "https://gitlab.example.test"
@@ -17,19 +18,10 @@ TOKEN_ENV = "NEXUS_TEST_GITLAB_TOKEN"
 
 _OPERATIONS = {"list": "list_issues", "comment": "create_note", "close": "edit_issue", "lookup": "list_notes",
                "read_issue": "get_issue"}
-_NAMES = {v: k for k, v in _OPERATIONS.items()}
 
 
 def _fault(name: str) -> Fault:
-    transport = {
-        "timeout": TransportFault.TIMEOUT_BEFORE_APPLY,
-        "connect_error": TransportFault.CONNECT_ERROR,
-        "read_error": TransportFault.RESET_BEFORE_RESPONSE,
-        "protocol_error": TransportFault.PROTOCOL_ERROR,
-        "apply_then_timeout": TransportFault.APPLY_THEN_TIMEOUT,
-        "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
-        "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
-    }.get(name)
+    transport = TRANSPORT_FAULTS.get(name)
     if transport is not None:
         return Fault(transport=transport)
     limit_headers = {"RateLimit-Name": "throttle_authenticated_api", "RateLimit-Limit": "600",
@@ -46,8 +38,11 @@ def _fault(name: str) -> Fault:
     }[name]
 
 
-class GitLabWorld:
+class GitLabWorld(SimulatorWorld):
     kind = "gitlab"
+    operations = _OPERATIONS
+    route = staticmethod(GitLabSimulator.route)
+    fault = staticmethod(_fault)
 
     def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd") -> None:
         self.state = GitLabState(SimClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC)))
@@ -109,28 +104,3 @@ class GitLabWorld:
 
         issue = self.state.issue(self.project_id, self._iid(external_ref))
         issue.notes.append(Note(self.state._next_id(), body, User(8, "someone", "Some One"), self.state.clock.now()))
-
-    def fail_next(self, operation: str, fault: str, times: int = 1) -> None:
-        self.state.faults.push(_OPERATIONS[operation], *[_fault(fault)] * times)
-
-    def clear_faults(self) -> None:
-        self.state.faults.clear()
-
-    def requests(self) -> list[tuple[str, str]]:
-        out = []
-        for request in self.transport.requests:
-            operation, _ = GitLabSimulator._route(_as_sim(request))
-            out.append((_NAMES.get(operation, operation), request.method))
-        return out
-
-    def clear_requests(self) -> None:
-        self.transport.requests.clear()
-
-    def advance(self, seconds: float) -> None:
-        self.state.clock.advance(seconds)
-
-
-def _as_sim(request):
-    from nexus_pipelines.local.simulators.http import to_sim_request
-
-    return to_sim_request(request)

@@ -1,0 +1,167 @@
+"""The Jira Cloud adapter: transport, classification, strict payloads, mapping and cursor.
+
+Listing: `GET /rest/api/3/search/jql` (the enhanced search) with
+`jql=project = <id> [AND updated >= "<minute>"] ORDER BY updated ASC, id ASC`,
+`maxResults` = the core's page bound and only the mapped `fields`; the next page is the
+same query with Jira's `nextPageToken`. One request per invocation. Identity:
+`jira:<cloud id>:<issue id>`; the issue key is presentation only (it changes when an
+issue moves). Work types in `excluded_issue_type_ids` are skipped and counted.
+Close-back is in `closeback.py`. A 3xx is never followed.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from zoneinfo import ZoneInfo
+
+import httpx
+from pydantic import SecretStr, ValidationError
+
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.values import (
+    CURSOR_MAX_CHARS,
+    CloseExternalIssue,
+    CloseExternalIssueResult,
+    ConnectorAttempt,
+    ExternalIssue,
+    ExternalIssuePage,
+    FetchFailure,
+    FetchIssuePage,
+    FetchIssuePageResult,
+)
+from nexus_pipelines.connectors.jira.adf import to_text
+from nexus_pipelines.connectors.jira.closeback import CloseBack
+from nexus_pipelines.connectors.jira.config import JiraConfig
+from nexus_pipelines.connectors.jira.cursor import CursorError, JiraCursor, earliest_meaning, scan_jql
+from nexus_pipelines.connectors.jira.limits import status_problem
+from nexus_pipelines.connectors.jira.payloads import Issue, Search
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    body_is_truncated,
+    fetch_failure,
+    first_error,
+    send,
+    served_at,
+)
+from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client
+
+KIND = "jira"
+FIELDS = "summary,description,labels,reporter,status,updated,project,issuetype"
+_TOKEN = re.compile(r"^[\x21-\x7e]+$")  # what a cursor token may hold
+
+
+def _basic(email: str, token: SecretStr):
+    return lambda: base64.b64encode(f"{email}:{token.get_secret_value()}".encode()).decode()
+
+
+class JiraConnector:
+    """One composed Jira registration: its pinned config and process-local API token."""
+
+    def __init__(self, config: JiraConfig, token: SecretStr, context: ComposeContext) -> None:
+        self._config = config
+        self._zone = ZoneInfo(config.jql_time_zone)
+        self._rest = httpx.URL(config.api_url).path.rstrip("/") + config.rest_prefix
+        self._excluded = frozenset(str(i) for i in config.excluded_issue_type_ids)
+        self._http = make_client(
+            config.api_url, transport=context.transport, counter=context.counter,
+            auth=HeaderTokenAuth("Authorization", _basic(config.email, token), scheme="Basic"),
+            headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
+        )
+
+    def __repr__(self) -> str:
+        return f"JiraConnector(cloud_id={self._config.cloud_id}, project_id={self._config.project_id})"
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- fetch ------------------------------------------------------------------------
+
+    def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
+        try:
+            cursor = JiraCursor.decode(request.cursor)
+        except CursorError as exc:
+            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        params = {"jql": scan_jql(self._config.project_id, cursor.since, self._zone),
+                  "maxResults": request.page_size, "fields": FIELDS}
+        if cursor.next is not None:
+            params["nextPageToken"] = cursor.next
+        response = send(self._http, "GET", f"{self._rest}/search/jql", Deadline(attempt), "search_issues",
+                        params=params)
+        if not isinstance(response, httpx.Response):
+            return fetch_failure(response)
+        if response.status_code == 400 and cursor.token_expired(served_at(response)):
+            # Jira refused a page token older than its 7-day life: the same scan again from its bound
+            return ExternalIssuePage(issues=(), next_cursor=cursor.restart().encode(), exhausted=False)
+        if response.status_code != 200:
+            return fetch_failure(status_problem(response, "searching issues"))
+        try:
+            raw = Search.model_validate_json(response.content)
+        except ValidationError as exc:
+            if body_is_truncated(exc):
+                return FetchFailure(retry_class="retryable", reason="transport_protocol",
+                                    detail="searching issues: the response body is not complete JSON")
+            return _invalid(f"searching issues: {first_error(exc)}")
+        return self._page(raw, response, cursor)
+
+    def _page(self, raw: Search, response: httpx.Response, cursor: JiraCursor) -> FetchIssuePageResult:
+        token = raw.nextPageToken
+        if raw.isLast is not None and raw.isLast != (token is None):
+            return _invalid("searching issues: isLast contradicts nextPageToken")
+        if token is not None and not _TOKEN.match(token):
+            return _invalid("searching issues: nextPageToken is not printable ASCII without spaces")
+        floor = earliest_meaning(cursor.since, self._zone)
+        issues, excluded = [], 0
+        for item in raw.issues:
+            if item.fields.project.id != str(self._config.project_id):
+                return _invalid(f"issue {item.id} belongs to project {item.fields.project.id}, "
+                                f"not {self._config.project_id}")
+            if floor is not None and item.fields.updated < floor:
+                return _invalid(f"issue {item.id} was updated before the query's bound: is provider.jql_time_zone "
+                                "the calling account's profile time zone?")
+            if item.fields.issuetype.id in self._excluded:
+                excluded += 1
+                continue
+            try:
+                issues.append(self._map(item))
+            except ValueError as exc:  # a refused field (ValidationError), body (AdfError) or state
+                why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
+                return _invalid(f"issue {item.id}: {why}")
+        page_max = max((i.fields.updated for i in raw.issues), default=None)
+        encoded = cursor.after_page(page_max=page_max, served_at=served_at(response), next_token=token).encode()
+        if len(encoded) > CURSOR_MAX_CHARS:
+            return _invalid("searching issues: nextPageToken is too long for a cursor token")
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=encoded, exhausted=token is None,
+                                 excluded=excluded)
+
+    def _map(self, item: Issue) -> ExternalIssue:
+        fields = item.fields
+        state = fields.status.state
+        if state is None:
+            raise ValueError(f"status category {fields.status.statusCategory.key!r} is not one Jira documents")
+        reporter = fields.reporter
+        return ExternalIssue(
+            connector_kind=KIND,
+            external_ref=f"{KIND}:{self._config.cloud_id}:{item.id}",
+            title=fields.summary,
+            description=to_text(fields.description) if fields.description is not None else "",
+            source_labels=tuple(fields.labels),
+            reporter_ref=f"jira-user:{reporter.accountId}" if reporter else "jira-user:none",
+            reporter_display_name=reporter.displayName if reporter else "",
+            external_state=state,
+            external_updated_at=fields.updated,
+            display_url=f"{self._config.site_url.rstrip('/')}/browse/{item.key}",
+        )
+
+    # -- close ------------------------------------------------------------------------
+
+    def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
+        return CloseBack(self._http, self._rest, self._config, command, Deadline(attempt)).run()
+
+
+def _invalid(detail: str) -> FetchFailure:
+    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
+
+
+def build(config: JiraConfig, secrets, context: ComposeContext) -> JiraConnector:
+    return JiraConnector(config, secrets["token"], context)

@@ -1,0 +1,103 @@
+"""The Jira cursor: a readable, bounded token only the Jira adapter interprets (CX-04).
+
+`jr1;n=<seq>;since=<t>;from=<t>;hwm=<t>;at=<t>;next=<nextPageToken>`: `since` is the
+scan's inclusive lower bound, `from` the provider's `Date` when the scan's first page was
+served, `hwm` the newest `updated` seen in the scan, `at` the `Date` of the page that
+issued `next`, and `next` Jira's `nextPageToken`, sent back exactly as given. One scan is
+one JQL query, `project = <id> [AND updated >= "<minute>"] ORDER BY updated ASC, id ASC`,
+walked page by page with the token: ties on `updated` (many issues inside one minute)
+are ordered by the immutable issue id, so a page boundary inside a tie skips nothing.
+
+JQL compares `updated` with a minute-granular literal, so the bound is floored to its
+minute (inclusive, never later than meant). The next scan starts at min(hwm, from)
+minus `SCAN_OVERLAP`, never before this scan's own bound: an issue updated while the
+scan ran, or made searchable late (Jira's search is eventually consistent), is read
+again. Re-read versions write nothing downstream. `n` grows with every page.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
+
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, format_time, next_scan_since, parse_time
+
+PREFIX = "jr1"
+_FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);at=([^;]+);next=(.+)$")
+# At least the search index's lag: a change Jira had not made searchable yet is read next scan.
+SCAN_OVERLAP = timedelta(minutes=1)
+TOKEN_LIFETIME = timedelta(days=7)  # Jira: "This token will expire in 7 days."
+JQL_ORDER = "ORDER BY updated ASC, id ASC"
+_EARLIEST, _LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)  # any zone can show these
+
+
+def jql_minute(bound: datetime, zone: ZoneInfo) -> str:
+    """The latest `yyyy-MM-dd HH:mm` wall time in `zone` that means no instant after `bound`,
+    whichever offset Jira picks for a wall time a daylight-saving change makes ambiguous."""
+    local = bound.astimezone(zone).replace(second=0, microsecond=0, tzinfo=None)
+    while max(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)) > bound:
+        local -= timedelta(minutes=1)
+    return local.strftime("%Y-%m-%d %H:%M")
+
+
+def earliest_meaning(bound: datetime | None, zone: ZoneInfo) -> datetime | None:
+    """The earliest instant the JQL literal for `bound` can mean: Jira never answers an issue
+    updated before it unless it read the literal in another time zone."""
+    if bound is None:
+        return None
+    local = datetime.strptime(jql_minute(bound, zone), "%Y-%m-%d %H:%M")
+    return min(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1))
+
+
+def scan_jql(project_id: int, since: datetime | None, zone: ZoneInfo) -> str:
+    if since is None:
+        return f"project = {project_id} {JQL_ORDER}"
+    return f'project = {project_id} AND updated >= "{jql_minute(since, zone)}" {JQL_ORDER}'
+
+
+@dataclass(frozen=True)
+class JiraCursor:
+    seq: int = 0
+    since: datetime | None = None
+    scan_from: datetime | None = None
+    hwm: datetime | None = None
+    issued_at: datetime | None = None
+    next: str | None = None  # Jira's nextPageToken, or None at a scan's start
+
+    def encode(self) -> str:
+        return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
+                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)};next={self.next or NONE}")
+
+    @classmethod
+    def decode(cls, token: str | None) -> JiraCursor:
+        if token is None:
+            return cls()
+        match = _FORMAT.match(token)
+        if not match:
+            raise CursorError("not a Jira cursor token")
+        seq, *times, nxt = match.groups()
+        since, scan_from, hwm, issued_at = (parse_time(t) for t in times)
+        if any(t is not None and not _EARLIEST <= t < _LATEST for t in (since, scan_from, hwm, issued_at)):
+            raise CursorError("a cursor time is out of range")
+        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt)
+
+    def after_page(self, *, page_max: datetime | None, served_at: datetime | None,
+                   next_token: str | None) -> JiraCursor:
+        """The token after one page of this scan (the scan ends when `next_token` is None)."""
+        scan_from = self.scan_from if self.next is not None else served_at
+        hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
+        if next_token is not None:
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, issued_at=served_at,
+                           next=next_token)
+        return JiraCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))
+
+    def token_expired(self, served_at: datetime | None) -> bool:
+        """Whether `next` had outlived Jira's token lifetime when a refusal was served."""
+        return (self.next is not None and self.issued_at is not None and served_at is not None
+                and served_at - self.issued_at >= TOKEN_LIFETIME)
+
+    def restart(self) -> JiraCursor:
+        """The same scan again from its own lower bound (nothing skipped; re-reads dedupe)."""
+        return JiraCursor(seq=self.seq + 1, since=self.since)

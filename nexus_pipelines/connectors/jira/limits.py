@@ -1,0 +1,65 @@
+"""Jira Cloud's answers classified (developer.atlassian.com/cloud/jira/platform/rate-limiting).
+
+A rate limit is a 429 with `Retry-After` (seconds) and `X-RateLimit-Reset` (ISO 8601, to
+the minute); a 503 may carry `Retry-After` too but is a transient fault, not a limit. An
+API token with scopes that lacks one answers 401 "Unauthorized; scope does not match":
+that is a missing permission, not a bad credential. Jira answers 404 for an issue the
+account may not browse. A 3xx is never followed.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+import httpx
+
+from nexus_pipelines.connectors.provider_http import Problem, served_at
+from nexus_pipelines.integrations.http import origin_of, parse_retry_after
+
+SCOPE_REFUSAL = "scope does not match"
+
+
+def throttle_wait(response: httpx.Response) -> float | None:
+    wait = parse_retry_after(response.headers.get("Retry-After"))
+    if wait is not None:
+        return wait
+    served = served_at(response)
+    try:
+        reset = datetime.strptime(response.headers.get("X-RateLimit-Reset", ""), "%Y-%m-%dT%H:%MZ")
+    except ValueError:
+        return None
+    if served is None:
+        return None
+    return max((reset.replace(tzinfo=served.tzinfo) - served).total_seconds(), 0.0)
+
+
+def _scope_refused(response: httpx.Response) -> bool:
+    try:
+        message = json.loads(response.content).get("message", "")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(message, str) and SCOPE_REFUSAL in message
+
+
+def status_problem(response: httpx.Response, what: str) -> Problem:
+    status = response.status_code
+    if 300 <= status < 400:
+        where = origin_of(response.headers["Location"]) if response.headers.get("Location") else "elsewhere"
+        return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} to {where}; redirects are never followed")
+    if status == 401 and _scope_refused(response):
+        return Problem("terminal", "authorization", f"{what}: HTTP 401 scope does not match: the API token lacks "
+                                                    "read:jira-work or write:jira-work")
+    if status == 401:
+        return Problem("terminal", "authentication", f"{what}: HTTP 401: the API token is invalid, expired or revoked, "
+                                                     "or provider.email is not its account")
+    if status == 403:
+        return Problem("terminal", "authorization", f"{what}: HTTP 403: the account lacks a project permission "
+                                                    "(Browse projects, Add comments, Transition issues)")
+    if status == 429:
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", throttle_wait(response))
+    if status == 408:
+        return Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
+    if status >= 500:
+        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
+    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")

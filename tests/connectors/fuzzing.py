@@ -1,0 +1,40 @@
+"""What the providers' fuzz tests share: arbitrary JSON, an adapter whose every request is
+answered with one prepared response, and the property every result must have."""
+
+from __future__ import annotations
+
+import httpx
+from hypothesis import strategies as st
+
+from nexus_pipelines.connectors.core.executor import RetryExecutor
+from nexus_pipelines.connectors.core.values import ExternalIssue, ExternalIssuePage, FetchFailure, FetchIssuePage
+from tests.connectors.conformance.suite import _attempt
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=30),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=20,
+)
+
+
+def adapter_answering(world, body: bytes, headers=None):
+    """`world`'s adapter over a transport that answers every request with `body`."""
+    def handler(request):
+        return httpx.Response(200, content=body, headers=headers or {"Date": "Sun, 01 Nov 2026 09:00:00 GMT"})
+    return world.adapter(transport=httpx.MockTransport(handler))
+
+
+def check(result):
+    """A typed page of typed issues, or a typed failure: nothing else may come back."""
+    assert isinstance(result, (ExternalIssuePage, FetchFailure)), type(result)
+    if isinstance(result, ExternalIssuePage):
+        assert all(isinstance(i, ExternalIssue) for i in result.issues)
+
+
+def fetch_checked(adapter, *, retried: bool = True):
+    """One first-page fetch (through the retry executor, or one bare invocation), checked."""
+    request = FetchIssuePage(cursor=None, page_size=10)
+    result = (RetryExecutor(sleep=lambda s: None).fetch(adapter, request)[0] if retried
+              else adapter.fetch_page(request, _attempt()))
+    check(result)
+    return result
