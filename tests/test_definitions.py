@@ -48,4 +48,5 @@ def test_the_production_instance_config_loads(tmp_path, monkeypatch):
     assert config["storage"]["postgres"]["postgres_db"]["hostname"] == {"env": "DAGSTER_PG_HOST"}
     limits = {limit["key"] for limit in config["concurrency"]["runs"]["tag_concurrency_limits"]}
     assert {"nexus/writeback-job", "nexus/queue-drain"} <= limits
+    assert config["nux"] == {"enabled": False}  # no community pop-up in the UI
     assert DagsterInstance  # the config validated against Dagster's own schema above
