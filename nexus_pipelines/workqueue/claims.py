@@ -68,9 +68,11 @@ from nexus_pipelines.workqueue.states import (
     ACTIVE,
     CLAIMABLE,
     DEAD,
+    EVENT_PATH,
     RETRY,
     ROLLING_BACK,
     RUNNING,
+    STARTED,
     WORK_ITEM_PATH,
     sql_in,
 )
@@ -124,6 +126,8 @@ class ClaimedItem:
     target_lane_key: str | None
     payload: Any = None
     lease_lost: LeaseFlag = field(default_factory=LeaseFlag, compare=False, repr=False)
+    # 'event' when the Event path runs it: `token` is then the scheduler lease's token
+    claim_path: str = WORK_ITEM_PATH
 
     @property
     def fence(self) -> tuple[int, int]:
@@ -427,15 +431,37 @@ SELECT 1 FROM connector_work_items
  WHERE work_id = %(id)s AND lease_token = %(token)s AND state = '{RUNNING}' AND lease_until > now()
    FOR NO KEY UPDATE
 """
+# On the Event path the fence is the execution's start token, which must still be the
+# scheduler lease's current token.
+_LOCK_EVENT_FENCE = f"""
+SELECT 1 FROM event_executions x
+  JOIN leases l ON l.lease_name = %(lease)s
+ WHERE x.work_id = %(id)s AND x.start_token = %(token)s AND x.state = '{STARTED}'
+   AND l.fencing_token = %(token)s AND l.expires_at > clock_timestamp()
+   FOR NO KEY UPDATE OF x
+"""
+
+
+def scheduler_lease_name(registration_id: str, revision: int) -> str:
+    """The generation-wide scheduler lease of the Event path (the seed's ConnectorSchedulerLease)."""
+    return f"workqueue-scheduler:{registration_id}@{revision}"
+
+
 def lock_fence(conn: Connection, item: ClaimedItem) -> bool:
     """Lock the item's row if the caller still holds it (token current, lease unexpired).
 
     A handler calls this first in the transaction that writes its effects: once it
     returns True no reclaim, takeover or other claim can take the item until that
     transaction ends, so a stale holder never writes; False means the lease is lost
-    (write nothing).
+    (write nothing). Works on both claim paths.
     """
-    return conn.execute(_LOCK_WORK_ITEM_FENCE, {"id": item.work_id, "token": item.token}).fetchone() is not None
+    params = {"id": item.work_id, "token": item.token}
+    if item.claim_path == EVENT_PATH:
+        params["lease"] = scheduler_lease_name(item.registration_id, item.revision)
+        sql = _LOCK_EVENT_FENCE
+    else:
+        sql = _LOCK_WORK_ITEM_FENCE
+    return conn.execute(sql, params).fetchone() is not None
 
 
 def renew(conn: Connection, fences: Iterable[tuple[int, int]], lease_ttl: timedelta) -> set[int]:

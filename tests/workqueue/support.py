@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from psycopg import Connection
+
+from nexus_pipelines.control.db import connect
+from nexus_pipelines.workqueue import claims, generations, rollback
+from nexus_pipelines.workqueue.claims import ClaimedItem
 
 
 def wait_until_blocked(observer: Connection, blocked: Connection, timeout_s: float = 10.0) -> None:
@@ -51,3 +56,62 @@ def wait_for_statement_blocked(observer: Connection, fragment: str, timeout_s: f
             return row[0]
         time.sleep(0.01)
     raise AssertionError(f"no statement with {fragment!r} ever waited for a lock")
+
+
+EFFECTS = """
+CREATE TABLE IF NOT EXISTS test_path_effects (
+    work_id bigint PRIMARY KEY, claim_path text NOT NULL, token bigint NOT NULL, writes integer NOT NULL DEFAULT 1)
+"""
+
+
+class FencedEffects:
+    """A handler that writes one effect per logical work (keyed by work_id) under `lock_fence`,
+    on whichever claim path runs it, and remembers every call."""
+
+    def __init__(self, dsn: str, fail: Callable[[ClaimedItem], BaseException | None] | None = None) -> None:
+        self.dsn = dsn
+        self.fail = fail
+        self.calls: list[tuple[int, str]] = []
+        with connect(dsn) as conn:
+            conn.execute(EFFECTS)
+
+    def __call__(self, item: ClaimedItem) -> str:
+        self.calls.append((item.work_id, item.claim_path))
+        error = self.fail(item) if self.fail else None
+        if error is not None:
+            raise error
+        with connect(self.dsn) as conn, conn.transaction():
+            if not claims.lock_fence(conn, item):
+                return "lost"
+            conn.execute(
+                """INSERT INTO test_path_effects AS e (work_id, claim_path, token) VALUES (%s, %s, %s)
+                   ON CONFLICT (work_id) DO UPDATE SET writes = e.writes + 1""",
+                (item.work_id, item.claim_path, item.token),
+            )
+        return "applied"
+
+
+def effects(conn: Connection, work_ids: list[int]) -> dict[int, tuple[str, int]]:
+    """work_id -> (claim path that applied it, times written)."""
+    rows = conn.execute(
+        "SELECT work_id, claim_path, writes FROM test_path_effects WHERE work_id = ANY(%s)", (work_ids,)
+    ).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
+
+
+def roll_back(conn: Connection, reg: str, revision: int = 1):
+    """Stop the generation's claims and fence it (both steps of `queue rollback`)."""
+    rollback.disable_claims(conn, reg, revision, recorded_by="test")
+    return rollback.fence(conn, reg, revision, recorded_by="test")
+
+
+def recutover(conn: Connection, reg: str, revision: int = 1):
+    """Stop the Event path's admission and cut the generation over to work items."""
+    generations.quiesce(conn, reg, revision, recorded_by="test")
+    return generations.activate(conn, reg, revision, recorded_by="test",
+                                route_versions=generations.bound_route_versions(conn, reg, revision))
+
+
+def states(conn: Connection, reg: str) -> dict[int, str]:
+    return dict(conn.execute(
+        "SELECT work_id, state FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchall())
