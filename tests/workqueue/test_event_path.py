@@ -128,3 +128,17 @@ def test_confirming_an_outcome_needs_an_unknown_one(control_conn, reg):
     (work_id,) = event_generation(control_conn, reg, items(1))
     with pytest.raises(event_path.ConfirmRefused):
         event_path.confirm(control_conn, work_id, "succeeded", recorded_by="op")
+
+
+def test_the_event_path_starts_only_work_types_its_registry_handles(control_conn, control_dsn, reg):
+    known, unknown_type, behind = event_generation(
+        control_conn, reg, [NewWork(f"{reg}-a", "known"), NewWork(f"{reg}-b", "elsewhere", source_lane_key="L"),
+                            NewWork(f"{reg}-c", "known", source_lane_key="L")])
+    ran: list[int] = []
+    report = event_path.run_event_path(control_dsn, HandlerRegistry({"known": lambda item: ran.append(item.work_id)}),
+                                       reg, 1)
+    assert ran == [known] and report.dead == 0
+    # the other work type waits for its handler, and its source lane keeps its order behind it
+    assert dict(control_conn.execute(
+        "SELECT work_id, state FROM event_executions WHERE work_id = ANY(%s)", ([unknown_type, behind],)
+    ).fetchall()) == {unknown_type: "pending", behind: "pending"}

@@ -200,8 +200,8 @@ def test_an_unknown_legacy_outcome_blocks_recutover_until_an_operator_confirms_i
         generations.activate(control_conn, reg, 1, recorded_by="op", route_versions={"bulk": 1})
     assert generations.drain_status(control_conn, reg, 1).claim_path == "event"
 
-    confirmed = event_path.confirm(control_conn, second, "succeeded", recorded_by="op")
-    assert confirmed.version == 2
+    confirmed, reconciled = event_path.confirm(control_conn, second, "succeeded", recorded_by="op")
+    assert (confirmed.version, reconciled) == (2, 1)
     recutover(control_conn, reg)
     assert _item(control_conn, second)[:3] == ("reconciled_legacy_terminal", _item(control_conn, second)[1], 2)
 
