@@ -67,6 +67,7 @@ from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, sanitiz
 from nexus_pipelines.workqueue.states import (
     ACTIVE,
     CLAIMABLE,
+    COMPLETED,
     DEAD,
     EVENT_PATH,
     RETRY,
@@ -358,7 +359,7 @@ RETURNING w.work_id
 # CLAIM_LOCK_BUDGET_MS.
 _COMPLETE = f"""
 UPDATE connector_work_items w
-   SET state = 'completed',
+   SET state = '{COMPLETED}',
        outcome = %(outcome)s,
        lease_until = NULL,
        finished_at = now(),

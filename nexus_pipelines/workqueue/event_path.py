@@ -97,21 +97,21 @@ RETURNING x.work_id, x.event_id, x.work_type, x.queue_class, x.attempts, x.max_a
 
 # Locks an execution still held by `token` under the current lease (or, for a takeover,
 # one left started by an earlier token).
-_HELD_EXECUTION = """
+_HELD_EXECUTION = f"""
 SELECT x.attempts, x.max_attempts, x.start_token
   FROM event_executions x
   JOIN leases l ON l.lease_name = %(lease)s AND l.fencing_token = %(token)s AND l.expires_at > clock_timestamp()
- WHERE x.work_id = %(id)s AND x.state = 'started' AND {token_rule}
+ WHERE x.work_id = %(id)s AND x.state = '{STARTED}' AND {{token_rule}}
    FOR NO KEY UPDATE OF x
 """
 _OWN_EXECUTION = _HELD_EXECUTION.format(token_rule="x.start_token = %(token)s")
 _INTERRUPTED_EXECUTION = _HELD_EXECUTION.format(token_rule="x.start_token <> %(token)s")
 
-_SET_OUTCOME = """
+_SET_OUTCOME = f"""
 UPDATE event_executions
    SET state = %(state)s, outcome = %(outcome)s, failure_class = %(failure_class)s, failure_summary = %(summary)s,
-       run_after = CASE WHEN %(state)s = 'retry' THEN now() + make_interval(secs => %(delay)s) ELSE run_after END,
-       finished_at = CASE WHEN %(state)s = 'retry' THEN NULL ELSE now() END,
+       run_after = CASE WHEN %(state)s = '{RETRY}' THEN now() + make_interval(secs => %(delay)s) ELSE run_after END,
+       finished_at = CASE WHEN %(state)s = '{RETRY}' THEN NULL ELSE now() END,
        updated_at = now()
  WHERE work_id = %(id)s
 """

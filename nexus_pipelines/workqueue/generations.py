@@ -41,9 +41,12 @@ from nexus_pipelines.workqueue.states import (
     CLAIM_PATHS,
     EVENT_PATH,
     EXECUTABLE,
+    PENDING,
     QUIESCED,
     QUIESCING,
+    RETRY,
     ROLLING_BACK,
+    RUNNING,
     TRANSFERRED,
     UNFINISHED,
     WORK_ITEM_PATH,
@@ -120,9 +123,9 @@ def _receipt(conn: Connection, receipt_id: int, registration_id: str, revision: 
 
 def _lease_counts(conn: Connection, registration_id: str, revision: int) -> tuple[int, int]:
     active, expired = conn.execute(
-        """SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
+        f"""SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
              FROM connector_work_items
-            WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
+            WHERE state = '{RUNNING}' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
               AND registration_id = %s AND revision = %s""",
         (registration_id, revision),
     ).fetchone()
@@ -189,11 +192,11 @@ def activate(
 def _set_active(conn: Connection, registration_id: str, revision: int, claim_path: str, receipt_id: int,
                 route_versions: dict[str, int]) -> None:
     conn.execute(
-        """INSERT INTO workqueue_generations (registration_id, revision, status, claim_path, activation_receipt_id,
+        f"""INSERT INTO workqueue_generations (registration_id, revision, status, claim_path, activation_receipt_id,
                                               route_versions)
-           VALUES (%(reg)s, %(rev)s, 'active', %(path)s, %(receipt)s, %(routes)s)
+           VALUES (%(reg)s, %(rev)s, '{ACTIVE}', %(path)s, %(receipt)s, %(routes)s)
            ON CONFLICT (registration_id, revision) DO UPDATE
-              SET status = 'active', claim_path = EXCLUDED.claim_path, claims_disabled_at = NULL,
+              SET status = '{ACTIVE}', claim_path = EXCLUDED.claim_path, claims_disabled_at = NULL,
                   activation_receipt_id = EXCLUDED.activation_receipt_id, route_versions = EXCLUDED.route_versions,
                   updated_at = clock_timestamp()""",
         {"reg": registration_id, "rev": revision, "path": claim_path, "receipt": receipt_id,
@@ -358,7 +361,7 @@ def _materialize_transferred(conn: Connection, registration_id: str, revision: i
                                               run_after)
             OVERRIDING SYSTEM VALUE
             SELECT x.work_id, x.event_id, x.registration_id, x.revision, x.work_type, x.queue_class,
-                   x.source_lane_key, x.target_lane_key, CASE WHEN x.attempts = 0 THEN 'pending' ELSE 'retry' END,
+                   x.source_lane_key, x.target_lane_key, CASE WHEN x.attempts = 0 THEN '{PENDING}' ELSE '{RETRY}' END,
                    x.attempts, x.max_attempts, x.run_after
               FROM event_executions x
              WHERE x.registration_id = %(reg)s AND x.revision = %(rev)s AND x.state = '{TRANSFERRED}'
@@ -381,7 +384,7 @@ def quiesce(conn: Connection, registration_id: str, revision: int, *, recorded_b
             )
         if current.status == ACTIVE:
             conn.execute(
-                """UPDATE workqueue_generations SET status = 'quiescing', updated_at = clock_timestamp()
+                f"""UPDATE workqueue_generations SET status = '{QUIESCING}', updated_at = clock_timestamp()
                     WHERE registration_id = %s AND revision = %s""",
                 (registration_id, revision),
             )
@@ -433,7 +436,7 @@ def record_drained(conn: Connection, registration_id: str, revision: int, *, rec
                  "started_executions": 0, "claims_admitted": False}
         receipt = write_receipt(conn, registration_id, revision, "drained", recorded_by, proof)
         conn.execute(
-            """UPDATE workqueue_generations SET status = 'quiesced', updated_at = clock_timestamp()
+            f"""UPDATE workqueue_generations SET status = '{QUIESCED}', updated_at = clock_timestamp()
                 WHERE registration_id = %s AND revision = %s""",
             (registration_id, revision),
         )

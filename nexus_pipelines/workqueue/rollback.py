@@ -35,6 +35,7 @@ from nexus_pipelines.workqueue.generations import (
 from nexus_pipelines.workqueue.states import (
     ACTIVE,
     AWAITING_LEGACY_OUTCOME,
+    EVENT_PATH,
     PENDING,
     RETRY,
     ROLLING_BACK,
@@ -131,8 +132,8 @@ def disable_claims(conn: Connection, registration_id: str, revision: int, *, rec
         if current.status != ACTIVE:
             raise RollbackRefused(f"generation {name} is {current.status!r}; only an active generation rolls back")
         conn.execute(
-            """UPDATE workqueue_generations
-                  SET status = 'rolling_back', claims_disabled_at = clock_timestamp(), updated_at = clock_timestamp()
+            f"""UPDATE workqueue_generations
+                  SET status = '{ROLLING_BACK}', claims_disabled_at = clock_timestamp(), updated_at = clock_timestamp()
                 WHERE registration_id = %s AND revision = %s""",
             (registration_id, revision),
         )
@@ -172,8 +173,8 @@ def fence(conn: Connection, registration_id: str, revision: int, *, recorded_by:
         if conn.execute(_FENCE_ITEMS, params).rowcount != fenced_items:
             raise RollbackRefused(f"generation {name}: the fenced set changed under the fence; nothing was fenced")
         conn.execute(
-            """UPDATE workqueue_generations
-                  SET claim_path = 'event', status = 'active', claims_disabled_at = NULL,
+            f"""UPDATE workqueue_generations
+                  SET claim_path = '{EVENT_PATH}', status = '{ACTIVE}', claims_disabled_at = NULL,
                       activation_receipt_id = %(fence)s, updated_at = clock_timestamp()
                 WHERE registration_id = %(reg)s AND revision = %(rev)s""",
             params,

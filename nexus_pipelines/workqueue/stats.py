@@ -17,10 +17,12 @@ from nexus_pipelines.workqueue.states import (
     ACTIVE,
     AWAITING_LEGACY_OUTCOME,
     CLAIMABLE,
+    COMPLETED,
     DEAD,
     EVENT_PATH,
     EXECUTABLE,
     RECONCILED_LEGACY_TERMINAL,
+    RETRY,
     RUNNING,
     UNKNOWN,
     WORK_ITEM_PATH,
@@ -34,9 +36,9 @@ SELECT state, queue_class, count(*)
  GROUP BY state, queue_class
 """
 
-_LEASES = """
+_LEASES = f"""
 SELECT count(*) FILTER (WHERE lease_until > now()), count(*) FILTER (WHERE lease_until <= now())
-  FROM connector_work_items WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
+  FROM connector_work_items WHERE state = '{RUNNING}' AND lease_owner IS NOT NULL AND lease_until IS NOT NULL
 """
 
 _CLAIMABLE_GENERATION = f"g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}'"
@@ -48,9 +50,9 @@ SELECT extract(epoch FROM now() - min(w.run_after))
  WHERE {_CLAIMABLE_GENERATION} AND w.state IN {sql_in(CLAIMABLE)} AND w.run_after <= now()
 """
 
-_TOTALS = """
-SELECT count(*) FILTER (WHERE state = 'completed'), coalesce(sum(reclaims), 0), coalesce(sum(replays), 0),
-       count(*) FILTER (WHERE attempts > 1 OR state = 'retry')
+_TOTALS = f"""
+SELECT count(*) FILTER (WHERE state = '{COMPLETED}'), coalesce(sum(reclaims), 0), coalesce(sum(replays), 0),
+       count(*) FILTER (WHERE attempts > 1 OR state = '{RETRY}')
   FROM connector_work_items
 """
 

@@ -17,13 +17,11 @@ from datetime import datetime, timedelta, timezone
 import psycopg
 import pytest
 
-from nexus_pipelines.control.db import connect
 from nexus_pipelines.workqueue import claims, event_path, generations, legacy_outcomes, rollback
 from nexus_pipelines.workqueue.dlq import ReplayRefused, list_dead, replay
 from nexus_pipelines.workqueue.handlers import HandlerRegistry, PermanentError
 from nexus_pipelines.workqueue.receipts import (
     EventSpec,
-    NewWork,
     ReceiptIn,
     Route,
     WorkSpec,
