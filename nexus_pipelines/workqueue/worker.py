@@ -290,12 +290,13 @@ class Drain:
         self.report.stopped = stopping
 
     def _tick(self) -> None:
-        """Housekeeping: reclaim expired leases, renew the claimant row."""
+        """Housekeeping: reclaim expired leases, renew this drain's claimant row, drop dead drains' rows."""
         policy = self._opt["retry_policy"]
         rec = self.session.run(lambda conn: claims.reclaim_expired(conn, policy=policy))
         self.report.reclaimed_retry += rec.retried
         self.report.reclaimed_dead += rec.dead
         self.session.run(lambda conn: claimants.renew(conn, self.report.worker_id, self._claimant_ttl))
+        self.session.run(claimants.prune_expired)
 
     def _claim(self) -> list[ClaimedItem]:
         room = self._stop.room(self.report.claimed, self._sizer.room(len(self._inflight)))
