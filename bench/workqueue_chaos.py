@@ -11,12 +11,14 @@ on its claim path) keyed by work_id (the first valid write wins; later holders f
 applied and skip). Every few seconds a random process is killed with SIGKILL and a new
 one started.
 
-Once a third of the items completed, the run rolls the generation back: kills pause,
-claims are disabled and the fence is retried until it is proven (a refusal names what
-blocks it; one that only WorkItem claims can clear resumes them and the rollback is tried
-again). New events arrive while the Event path owns the generation. Once every fenced
-item has its legacy outcome, the run cuts the generation over again (the late events not
-yet run become work items) and the WorkItem workers finish. At the end it checks that every
+Work arrives in three waves: 60% at the start; 30% once the first wave is finished, when
+the run rolls the generation back (kills pause, claims are disabled, the wave arrives and
+the fence is retried until it is proven: a refusal names what blocks it, and one that only
+WorkItem claims can clear resumes them until that item is finished; a retry is due after
+every older pending item, so a rollback in the middle of a backlog waits for it); and 10%
+while the Event path owns the generation. Once every fenced
+item has its legacy outcome, the run cuts the generation over again (the last wave's
+events not yet run become work items) and the WorkItem workers finish. At the end it checks that every
 logical work (each work item, and each Event execution without one) has exactly one
 applied effect, that no effect was written on both claim paths, that every fenced item
 was reconciled from its receipt, and that nothing is left leased or running; the last line
@@ -64,6 +66,8 @@ CREATE TABLE chaos_effects (work_id bigint PRIMARY KEY, token bigint NOT NULL, w
                             claim_path text NOT NULL, applied_at timestamptz NOT NULL DEFAULT clock_timestamp());
 CREATE TABLE chaos_write_outcomes (outcome text NOT NULL, work_id bigint NOT NULL, token bigint NOT NULL,
                                    claim_path text NOT NULL);
+CREATE TABLE chaos_control (done boolean NOT NULL);
+INSERT INTO chaos_control VALUES (false);
 """
 
 # The keyed effect write, inside the transaction that holds the fence.
@@ -107,16 +111,24 @@ def _unfinished(conn) -> int:
     ).fetchone()[0]
 
 
-def _watch(dsn: str, stop: threading.Event) -> None:
-    with connect(dsn) as conn:
-        while not stop.wait(0.5):
-            if _unfinished(conn) == 0:
-                stop.set()
+def _until_done(dsn: str) -> threading.Event:
+    """An event set once the run is over (a row in the database: a shared multiprocessing
+    lock could be left held by a process killed while it waited on it)."""
+    stop = threading.Event()
+
+    def watch() -> None:
+        with connect(dsn) as conn:
+            while not stop.wait(0.25):
+                if conn.execute("SELECT done FROM chaos_control").fetchone()[0]:
+                    stop.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    return stop
 
 
 def worker_main(dsn: str, worker: str, lease_s: float, concurrency: int, claim_batch: int, work_ms: float) -> None:
-    stop = threading.Event()
-    threading.Thread(target=_watch, args=(dsn, stop), daemon=True).start()
+    """Bounded drains until the run is over."""
+    stop = _until_done(dsn)
     registry = HandlerRegistry({WORK_TYPE: EffectHandler(dsn, worker, work_ms)})
     n = 0
     while not stop.is_set():
@@ -127,8 +139,7 @@ def worker_main(dsn: str, worker: str, lease_s: float, concurrency: int, claim_b
 
 
 def event_path_main(dsn: str, worker: str, lease_s: float, work_ms: float) -> None:
-    stop = threading.Event()
-    threading.Thread(target=_watch, args=(dsn, stop), daemon=True).start()
+    stop = _until_done(dsn)
     registry = HandlerRegistry({WORK_TYPE: EffectHandler(dsn, worker, work_ms)})
     while not stop.is_set():
         event_path.run_event_path(dsn, registry, REG, 1, worker_id=worker, lease_ttl_s=lease_s,
@@ -175,14 +186,27 @@ class Processes:
                 raise RuntimeError(f"worker {name} failed with exit code {proc.exitcode}")
 
     def stop(self) -> None:
+        with connect(self.dsn) as conn:
+            conn.execute("UPDATE chaos_control SET done = true")
         for proc in self.procs.values():
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
 
 
-# Refusals that only WorkItem claims can clear: the rollback is abandoned and tried again.
+# Refusals that only WorkItem claims can clear: claims resume until the item is finished.
 _NEEDS_CLAIMS = ("(expired", "(dispatched", "(ambiguous", "(replayed")
+WAVES = (0.6, 0.3, 0.1)  # at the start, at the rollback, while the Event path owns the generation
+
+
+def _wave(conn, name: str, count: int, lanes: int) -> int:
+    work = (
+        NewWork(f"chaos-{name}-{i}", WORK_TYPE, max_attempts=10,
+                source_lane_key=f"src-{i % lanes}" if lanes else None,
+                target_lane_key=f"tgt-{i % 97}" if i % 5 == 0 else None)
+        for i in range(count)
+    )
+    return enqueue_work_items(conn, work, registration_id=REG, revision=1)
 
 
 class Phases:
@@ -192,14 +216,19 @@ class Phases:
         self.conn, self.args = conn, args
         self.phase = "work_items"
         self.fence_id: int | None = None
-        self.counts = {"rollback_refusals": 0, "rollbacks_abandoned": 0, "recutover_refusals": 0,
-                       "unknown_outcomes_confirmed": 0, "fenced_items": 0, "late_items": 0}
+        self.counts = {"rollback_refusals": 0, "rollbacks_resumed_for_a_blocker": 0, "recutover_refusals": 0,
+                       "unknown_outcomes_confirmed": 0, "fenced_items": 0, "enqueued": 0}
         self.times: dict[str, float] = {}
-        self._retry_rollback_at = 0.0
+        self._blocker: int | None = None
 
     @property
     def kills_allowed(self) -> bool:
+        # none from the rollback request to the fence: a reclaimed attempt would block it
         return self.phase in ("work_items", "event", "finish")
+
+    def enqueue(self, wave: int) -> None:
+        count = round(self.args.items * WAVES[wave])
+        self.counts["enqueued"] += _wave(self.conn, str(wave), count, self.args.source_lanes)
 
     def tick(self) -> None:
         getattr(self, f"_{self.phase}")()
@@ -208,11 +237,12 @@ class Phases:
         return self.conn.execute(sql, params).fetchone()[0]
 
     def _work_items(self) -> None:
-        done = self._count("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
-                           " AND state = 'completed'", REG)
-        if done >= self.args.items * self.args.rollback_at and time.monotonic() >= self._retry_rollback_at:
+        left = self._count("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                           " AND state NOT IN ('completed', 'dead')", REG)
+        if left == 0:
+            self.times["rollback_started_s"] = time.monotonic()
             rollback.disable_claims(self.conn, REG, 1, recorded_by="chaos")
-            self.times.setdefault("rollback_started_s", time.monotonic())
+            self.enqueue(1)  # pending when the fence comes
             self.phase = "rolling_back"
 
     def _rolling_back(self) -> None:
@@ -221,18 +251,23 @@ class Phases:
         except rollback.RollbackRefused as refused:
             self.counts["rollback_refusals"] += 1
             if any(kind in str(refused) for kind in _NEEDS_CLAIMS):
+                self._blocker = int(str(refused).split("work item ")[1].split()[0])
                 generations.activate(self.conn, REG, 1, recorded_by="chaos", route_versions=ROUTES)
-                self.counts["rollbacks_abandoned"] += 1
-                self._retry_rollback_at = time.monotonic() + 1.0
-                self.phase = "work_items"
+                self.counts["rollbacks_resumed_for_a_blocker"] += 1
+                self.phase = "resumed"
             return
         self.fence_id = receipt.receipt_id
         self.counts["fenced_items"] = receipt.proof["fenced_items"]
         self.times["rollback_s"] = time.monotonic() - self.times.pop("rollback_started_s")
-        late = [NewWork(f"chaos-late-{i}", WORK_TYPE, max_attempts=10, source_lane_key=f"late-{i % 50}")
-                for i in range(self.args.late_items)]
-        self.counts["late_items"] = enqueue_work_items(self.conn, late, registration_id=REG, revision=1)
+        self.enqueue(2)  # new events while the Event path owns the generation
         self.phase = "event"
+
+    def _resumed(self) -> None:
+        """Claims run again until the item that blocked the fence is finished."""
+        if self._count("SELECT count(*) FROM connector_work_items WHERE work_id = %s"
+                       " AND state IN ('pending', 'retry', 'running')", self._blocker) == 0:
+            rollback.disable_claims(self.conn, REG, 1, recorded_by="chaos")
+            self.phase = "rolling_back"
 
     def _event(self) -> None:
         self._confirm_unknown_by_evidence()
@@ -268,7 +303,7 @@ class Phases:
         pass
 
 
-def _verify(conn, items: int, phases: Phases) -> dict:
+def _verify(conn, phases: Phases) -> dict:
     params = {"r": REG, "fence": phases.fence_id}
     logical, effects, lost, cross_path = conn.execute(
         """WITH logical AS (
@@ -297,7 +332,7 @@ def _verify(conn, items: int, phases: Phases) -> dict:
                   (SELECT count(*) FROM connector_work_items WHERE state = 'running')
              FROM connector_work_items WHERE registration_id = %(r)s""", params).fetchone()
     return {
-        "logical_work": logical, "expected_logical_work": items + phases.counts["late_items"],
+        "logical_work": logical, "expected_logical_work": phases.counts["enqueued"],
         "effects_applied": effects, "effects_by_claim_path": by_path, "lost": lost,
         "applied_on_both_claim_paths": cross_path, "duplicate_effect_writes_skipped": outcomes.get(
             "duplicate_skipped", 0), "stale_effect_writes_rejected": outcomes.get("stale_rejected", 0),
@@ -332,43 +367,24 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--claim-batch", type=int, default=50)
     parser.add_argument("--work-ms", type=float, default=4.0, help="max simulated handler work per item")
     parser.add_argument("--source-lanes", type=int, default=2000, help="0 for no source lanes")
-    parser.add_argument("--rollback-at", type=float, default=0.33, help="share of items completed before the rollback")
-    parser.add_argument("--late-items", type=int, default=2000, help="events arriving while the Event path owns it")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--admin-dsn", default=None)
     return parser.parse_args()
 
 
-def _enqueue(dsn: str, args) -> None:
+def _run(dsn: str, args, rng: random.Random, procs: Processes) -> tuple[Phases, float, float]:
     with connect(dsn) as conn:
         conn.execute(_SETUP)
-        lanes = args.source_lanes
-        enqueue_work_items(
-            conn,
-            (
-                NewWork(
-                    f"chaos-{i}", WORK_TYPE, max_attempts=10,
-                    source_lane_key=f"src-{i % lanes}" if lanes else None,
-                    target_lane_key=f"tgt-{i % 97}" if i % 5 == 0 else None,
-                )
-                for i in range(args.items)
-            ),
-            registration_id=REG,
-            revision=1,
-        )
-        generations.activate(conn, REG, 1, recorded_by="chaos", route_versions=ROUTES)
-
-
-def _run(dsn: str, args, rng: random.Random, procs: Processes) -> tuple[Phases, float, float]:
-    for _ in range(args.workers):
-        procs.start("work_item")
-    procs.start("event")
-    started = time.monotonic()
-    next_kill = started + rng.uniform(0.5, 1.5) * args.kill_every
-    max_expired_age = 0.0
-    with connect(dsn) as conn:
         phases = Phases(conn, args)
+        phases.enqueue(0)
+        generations.activate(conn, REG, 1, recorded_by="chaos", route_versions=ROUTES)
+        for _ in range(args.workers):
+            procs.start("work_item")
+        procs.start("event")
+        started = time.monotonic()
+        next_kill = started + rng.uniform(0.5, 1.5) * args.kill_every
+        max_expired_age = 0.0
         while time.monotonic() - started < args.timeout:
             time.sleep(0.25)
             (expired_age,) = conn.execute(
@@ -398,11 +414,10 @@ def main() -> int:
     procs = Processes(dsn, args, rng)
     try:
         apply_migrations(dsn)
-        _enqueue(dsn, args)
         phases, elapsed, max_expired_age = _run(dsn, args, rng, procs)
         procs.stop()
         with connect(dsn) as conn:
-            checks = _verify(conn, args.items, phases)
+            checks = _verify(conn, phases)
         result = {
             "items": args.items, "workers": args.workers, "lease_s": args.lease, "kills": procs.kills,
             "elapsed_s": round(elapsed, 2), "phase_at_end": phases.phase, **phases.counts,
