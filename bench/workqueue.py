@@ -71,6 +71,14 @@ def _git_head() -> str | None:
         return None
 
 
+def _gates(n: int, with_event_path: bool) -> int:
+    with postgres_server() as server_dsn:
+        result = measure_gates(server_dsn, n, with_event_path=with_event_path)
+    result.update(commit=_git_head(), cpus=os.cpu_count(), at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    print(json.dumps(result), flush=True)
+    return 0 if result["verified"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=20000)
@@ -84,11 +92,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --gates: also run the fenced items through the Event path and re-cut over")
     args = parser.parse_args(argv)
     if args.gates is not None:
-        with postgres_server() as server_dsn:
-            result = measure_gates(server_dsn, args.gates, with_event_path=args.with_event_path)
-        result.update(commit=_git_head(), cpus=os.cpu_count(), at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        print(json.dumps(result), flush=True)
-        return 0 if result["verified"] else 1
+        return _gates(args.gates, args.with_event_path)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(systems) - set(DRIVERS)
     if unknown:
