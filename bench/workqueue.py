@@ -1,6 +1,8 @@
-"""Work-queue throughput: nexus vs procrastinate vs pgqueuer vs a raw SKIP LOCKED loop.
+"""Work-queue throughput: nexus vs procrastinate vs pgqueuer vs a raw SKIP LOCKED loop;
+and, with --gates N, the time the rollback fence and the re-cutover take with N pending items.
 
     python bench/workqueue.py --items 20000 --workers 4 [--repeat 3] [--systems nexus,raw_skip_locked]
+    python bench/workqueue.py --gates 100000 [--with-event-path]
 
 Each system drains N pre-enqueued no-op jobs with W spawned worker processes, in its own
 fresh database on one Postgres server (NEXUS_PG_DSN, else an embedded server with
@@ -8,6 +10,15 @@ durable settings in a temp folder). Throughput = N / (wall time from the release
 start barrier to the last worker finishing). Every run is verified in the database:
 each job's handler ran exactly once and the queue itself shows every job done.
 Progress goes to stderr; the last line of stdout is one JSON object.
+
+--gates N times, each on N pending items with source and target lanes, in a database of
+its own: the rollback (claims disabled, then the fence transaction that fences every item
+and hands the generation to the Event path) and the re-cutover of an Event-owned
+generation whose N Event executions are pending (Event admission stopped, then the
+cutover that makes them N work items). Both are verified in the database. With
+--with-event-path the fenced generation's N items then run through the Event path
+(one ordered consumer) and the re-cutover that verifies N reconciled fenced items is
+timed too.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 
 from bench.peers.common import DRIVERS, driver, log, run_once, summarize  # noqa: E402
+from bench.peers.gates import measure_gates  # noqa: E402
 
 
 @contextlib.contextmanager
@@ -59,6 +71,14 @@ def _git_head() -> str | None:
         return None
 
 
+def _gates(n: int, with_event_path: bool) -> int:
+    with postgres_server() as server_dsn:
+        result = measure_gates(server_dsn, n, with_event_path=with_event_path)
+    result.update(commit=_git_head(), cpus=os.cpu_count(), at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    print(json.dumps(result), flush=True)
+    return 0 if result["verified"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=20000)
@@ -66,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per system; the median is reported")
     parser.add_argument("--systems", default=",".join(DRIVERS), help=f"comma-separated subset of {','.join(DRIVERS)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per system run before it fails")
+    parser.add_argument("--gates", type=int, default=None, metavar="N",
+                        help="time the rollback fence and the re-cutover with N pending items instead")
+    parser.add_argument("--with-event-path", action="store_true",
+                        help="with --gates: also run the fenced items through the Event path and re-cut over")
     args = parser.parse_args(argv)
+    if args.gates is not None:
+        return _gates(args.gates, args.with_event_path)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = set(systems) - set(DRIVERS)
     if unknown:

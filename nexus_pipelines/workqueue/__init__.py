@@ -12,8 +12,20 @@ Three row families with separate ownership:
 Work items are claimed in batches by primary-key compare-and-swap with fencing tokens
 (`claims.py`), drained by `worker.drain`, gated per (registration, revision) by
 durable generation receipts (`generations.py`); dead items are listed and replayed
-through `dlq.py`. Modules here import no Dagster; `jobs.py`, `sensors.py`,
-`assets.py` and `definitions.py` are the Dagster layer.
+through `dlq.py`.
+
+A generation is owned by one claim path at a time, enforced by the database: the
+WorkItem path above, or the Event path (`event_path.py`: one scheduler-lease holder
+running the generation's work in delivery order, with its state in
+`event_executions`). `rollback.py` fences a WorkItem generation's pending work and
+hands it to the Event path (gate 4); the Event path's terminal outcomes come with
+versioned receipts (`legacy_outcomes.py`) from which fenced items are reconciled, and
+`generations.activate` cuts an Event-owned generation back over (gate 5). Both
+executors share `execution.py` and reconnect through `session.py`; `claimants.py`
+registers running drains; every state list is in `states.py`.
+
+Modules here import no Dagster; `jobs.py`, `sensors.py`, `assets.py` and
+`definitions.py` are the Dagster layer.
 
 Lane policy (see `claims.py`): an item waiting to retry keeps holding its *source*
 lane (later items of the lane wait behind it, so source FIFO holds across retries)

@@ -12,7 +12,25 @@ Fencing: `renew`, `complete` and `finalize_failures` (retry / dead) update only 
 whose current token is the caller's, whose state is 'running' and whose lease has not
 expired; rows not returned are lost to the caller, which must stop working on them.
 `reclaim_expired` moves expired leases back to 'retry' (or to 'dead' once the attempt
-budget is spent), guarded by the token it saw.
+budget is spent), guarded by the token it saw, with the delay of the one retry policy.
+
+No lock cycle: a claim's `FOR UPDATE SKIP LOCKED` keeps a lock on every candidate row
+that another claim took after this claim's snapshot (PostgreSQL locks the newest
+version before rechecking it), and a claim can wait in a lane's unique index for the
+transaction that is finishing the lane's running item. That transaction can wait for
+the first lock: a cycle (seen as DeadlockDetected in `complete` under load). So a
+claim never waits longer than CLAIM_LOCK_BUDGET_MS for any lock (a statement-local
+`lock_timeout`); a claim that runs out of it lost a lane race and claims again.
+Renewal locks its rows in work_id order and skips rows locked by others (renewed on
+the next beat), failures lock theirs in work_id order, reclaims skip locked rows. A
+drain retries a fenced statement that still meets a deadlock, serialization or lock
+timeout error (`session.py`): each is one autocommit statement, so nothing was written.
+
+Dispatch: a claim counts an attempt (`attempts`); an attempt the drain hands back
+before its handler started is counted in `unstarted_attempts` (`release_unstarted`).
+So `attempts - unstarted_attempts` attempts may have dispatched (a holder that died
+counts as dispatched), which is both the attempt budget and what a rollback fence
+reads to tell a pre-dispatch retry from one with a prior dispatch.
 
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
@@ -46,6 +64,23 @@ from typing import Any
 from psycopg import Connection, errors
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, sanitize_summary
+from nexus_pipelines.workqueue.states import (
+    ACTIVE,
+    CLAIMABLE,
+    COMPLETED,
+    DEAD,
+    EVENT_PATH,
+    RETRY,
+    ROLLING_BACK,
+    RUNNING,
+    STARTED,
+    WORK_ITEM_PATH,
+    sql_in,
+)
+
+# Longest a claim statement waits for any lock (gate locks, lane index checks); well
+# below deadlock_timeout (1 s by default), so a claim never stays in a lock cycle.
+CLAIM_LOCK_BUDGET_MS = 50
 
 class LeaseFlag:
     """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
@@ -92,6 +127,8 @@ class ClaimedItem:
     target_lane_key: str | None
     payload: Any = None
     lease_lost: LeaseFlag = field(default_factory=LeaseFlag, compare=False, repr=False)
+    # 'event' when the Event path runs it: `token` is then the scheduler lease's token
+    claim_path: str = WORK_ITEM_PATH
 
     @property
     def fence(self) -> tuple[int, int]:
@@ -120,12 +157,13 @@ class ReclaimReport:
     dead: int
 
 
-_CLAIM = """
+_CLAIM = f"""
 WITH gens AS MATERIALIZED (
-    SELECT registration_id, revision
-      FROM workqueue_generations
-     WHERE status = 'active' {gen_filter}
-       FOR KEY SHARE
+    SELECT g.registration_id, g.revision
+      FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
+           workqueue_generations g
+     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
+       FOR KEY SHARE OF g
 ),
 cand AS (
     SELECT c.work_id, c.lease_token, c.registration_id, c.target_lane_key
@@ -135,10 +173,10 @@ cand AS (
           FROM connector_work_items w
          WHERE w.registration_id = g.registration_id
            AND w.revision = g.revision
-           AND w.state IN ('pending', 'retry')
+           AND w.state IN {sql_in(CLAIMABLE)}
            AND w.run_after <= now()
-           {class_filter}
-           {type_filter}
+           {{class_filter}}
+           {{type_filter}}
            -- Lane probes. The OR keeps each probe a subplan (a flattened anti-join would
            -- read every candidate before the LIMIT); the IS NOT NULL terms let the probes
            -- use the partial lane indexes.
@@ -148,19 +186,19 @@ cand AS (
                    AND h.source_lane_key = w.source_lane_key
                    AND h.source_lane_key IS NOT NULL
                    AND h.work_id < w.work_id
-                   AND h.state IN ('pending', 'retry'))
+                   AND h.state IN {sql_in(CLAIMABLE)})
                AND NOT EXISTS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id
                    AND r.source_lane_key = w.source_lane_key
                    AND r.source_lane_key IS NOT NULL
-                   AND r.state = 'running')))
+                   AND r.state = '{RUNNING}')))
            AND (w.target_lane_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM connector_work_items t
                  WHERE t.registration_id = w.registration_id
                    AND t.target_lane_key = w.target_lane_key
                    AND t.target_lane_key IS NOT NULL
-                   AND t.state = 'running'))
+                   AND t.state = '{RUNNING}'))
          ORDER BY w.queue_class, w.run_after, w.work_id
          LIMIT %(scan)s
            FOR UPDATE OF w SKIP LOCKED
@@ -169,7 +207,7 @@ cand AS (
 pick AS (
     -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
     -- this claim gets: two claims in flight never insert the same in-flight lane key
-    -- (which would make one wait on the other, or deadlock, in the unique index)
+    -- (which would make one wait on the other in the unique index)
     SELECT work_id, lease_token
       FROM (SELECT work_id, lease_token, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
@@ -180,19 +218,19 @@ pick AS (
      LIMIT %(limit)s
 )
 UPDATE connector_work_items w
-   SET state = 'running',
+   SET state = '{RUNNING}',
        lease_owner = %(owner)s,
        lease_token = nextval('workqueue_tokens'),
        lease_until = now() + %(ttl)s,
        attempts = w.attempts + 1,
        claimed_at = now(),
        updated_at = now()
-  FROM pick{payload_from}
+  FROM pick{{payload_from}}
  WHERE w.work_id = pick.work_id
-   AND w.state IN ('pending', 'retry')
-   AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{payload_join}
+   AND w.state IN {sql_in(CLAIMABLE)}
+   AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
 RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
-          w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{payload_col}
+          w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
 """
 
 
@@ -200,7 +238,7 @@ def claim_sql(
     *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True
 ) -> str:
     return _CLAIM.format(
-        gen_filter="AND registration_id = ANY(%(registrations)s::text[])" if registrations else "",
+        gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
         payload_from=", connector_outbox_events e" if with_payload else "",
@@ -210,6 +248,10 @@ def claim_sql(
 
 
 _CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool], str] = {}
+
+# A claim that meets one of these lost a race for a lane (or ran out of its lock budget
+# waiting for one): it wrote nothing, and due work may remain.
+_LANE_RACE_ERRORS = (errors.UniqueViolation, errors.DeadlockDetected, errors.LockNotAvailable)
 
 
 def claim_batch(
@@ -224,12 +266,12 @@ def claim_batch(
     with_payload: bool = True,
     scan_factor: int = 1,
 ) -> list[ClaimedItem]:
-    """Claim up to `limit` due items of active generations in one statement.
+    """Claim up to `limit` due items of active WorkItem-owned generations in one statement.
 
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
-    partial unique lane indexes rejected the statement); the caller simply claims
-    again (it is not a sign of an idle queue). `scan_factor`
-    times `limit` candidates are locked, of which at most `limit` are taken.
+    partial unique lane indexes rejected the statement, or it ran out of its lock
+    budget); the caller simply claims again (it is not a sign of an idle queue).
+    `scan_factor` times `limit` candidates are locked, of which at most `limit` are taken.
     """
     if limit <= 0:
         return []
@@ -250,9 +292,7 @@ def claim_batch(
     }
     try:
         rows = conn.execute(sql, params, prepare=True).fetchall()
-    except (errors.UniqueViolation, errors.DeadlockDetected):
-        # a concurrent claim won a lane race the try-locks could not see (it committed
-        # between this statement's snapshot and its index insert): claim again
+    except _LANE_RACE_ERRORS:
         return LaneRaceLost()
     return [
         ClaimedItem(
@@ -284,55 +324,65 @@ def _fence_arrays(fences: Iterable[tuple[int, int]]) -> tuple[list[int], list[in
     return ids, tokens
 
 
-# Batched fenced statements lock their rows in work_id order first, so two of them
-# over overlapping rows (a heartbeat renewing while a batch completes) cannot deadlock.
-_HELD = """
+def _held(lease: str, wait: str = "") -> str:
+    """Rows still held with their fences, locked in work_id order (the one global order)."""
+    return f"""
 WITH held AS (
     SELECT w.work_id
       FROM connector_work_items w
       JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
         ON w.work_id = d.work_id AND w.lease_token = d.token
-     WHERE w.state = 'running' AND w.lease_until > now()
+     WHERE w.state = '{RUNNING}' AND {lease}
      ORDER BY w.work_id
-       FOR NO KEY UPDATE OF w
+       FOR NO KEY UPDATE OF w {wait}
 )
 """
 
-# The hot paths (renew, complete) update directly, with the fences sorted by work_id
-# (so rows are taken in work_id order by the usual nested loop over the pkey); callers
-# must not run two of them over the same held items at once (a drain serializes its
-# heartbeat and its finalization). Failures, a cold path, take the ordered locks.
-_RENEW = """
+
+_UNEXPIRED = "w.lease_until > now()"
+_EXPIRED = "w.lease_owner IS NOT NULL AND w.lease_until <= now()"
+
+# Renewal never waits: a row locked by someone else (a handler writing its effects under
+# lock_fence) keeps its lease until the next beat renews it.
+_RENEW = _held(_UNEXPIRED, "SKIP LOCKED") + """
 UPDATE connector_work_items w
    SET lease_until = now() + %(ttl)s
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
- WHERE w.work_id = d.work_id AND w.lease_token = d.token
-   AND w.state = 'running' AND w.lease_until > now()
+  FROM held
+ WHERE w.work_id = held.work_id
 RETURNING w.work_id
 """
 
-_COMPLETE = """
+# The hot path updates directly, with the fences sorted by work_id (so rows are taken in
+# work_id order by the usual nested loop over the pkey); callers must not run two of
+# them over the same held items at once (a drain serializes its heartbeat and its
+# finalization). It may wait for a claim holding one of its rows, never for long: see
+# CLAIM_LOCK_BUDGET_MS.
+_COMPLETE = f"""
 UPDATE connector_work_items w
-   SET state = 'completed',
+   SET state = '{COMPLETED}',
        outcome = %(outcome)s,
        lease_until = NULL,
        finished_at = now(),
        updated_at = now()
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
  WHERE w.work_id = d.work_id AND w.lease_token = d.token
-   AND w.state = 'running' AND w.lease_until > now()
+   AND w.state = '{RUNNING}' AND w.lease_until > now()
 RETURNING w.work_id
 """
 
-_FAIL = _HELD + """
+# One failed attempt each: retry after its delay, or dead when terminal or when the
+# attempts that may have dispatched have spent the budget. Used for handler failures
+# (lease held) and for reclaims (lease expired, counted as a reclaim).
+_SPENT = "(d.terminal OR w.attempts - w.unstarted_attempts >= w.max_attempts)"
+_FAILURES = """
 UPDATE connector_work_items w
-   SET state = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
-       run_after = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN w.run_after
-                        ELSE now() + make_interval(secs => d.delay_s) END,
-       outcome = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN 'dead' ELSE NULL END,
-       finished_at = CASE WHEN d.terminal OR w.attempts >= w.max_attempts THEN now() ELSE NULL END,
+   SET state = CASE WHEN {spent} THEN '{dead}' ELSE '{retry}' END,
+       run_after = CASE WHEN {spent} THEN w.run_after ELSE now() + make_interval(secs => d.delay_s) END,
+       outcome = CASE WHEN {spent} THEN '{dead}' ELSE NULL END,
+       finished_at = CASE WHEN {spent} THEN now() ELSE NULL END,
        failure_class = d.failure_class,
        failure_summary = d.summary,
+       reclaims = w.reclaims + {reclaimed},
        lease_until = NULL,
        updated_at = now()
   FROM held
@@ -342,60 +392,110 @@ UPDATE connector_work_items w
  WHERE w.work_id = held.work_id
 RETURNING w.work_id, w.state
 """
+_FAIL = _held(_UNEXPIRED) + _FAILURES.format(spent=_SPENT, dead=DEAD, retry=RETRY, reclaimed=0)
+_RECLAIM = _held(_EXPIRED) + _FAILURES.format(spent=_SPENT, dead=DEAD, retry=RETRY, reclaimed=1)
 
-_RECLAIM = """
-WITH expired AS (
-    SELECT work_id, lease_token
-      FROM connector_work_items
-     WHERE state = 'running' AND lease_owner IS NOT NULL AND lease_until <= now()  -- the lease index
-     ORDER BY lease_until
-     LIMIT %(limit)s
-       FOR UPDATE SKIP LOCKED
-)
+# Expired leases of generations that admit reclaims: a generation whose claims a
+# rollback disabled keeps them (they block its fence). The generation rows are locked
+# like a claim locks them, so a gate that locks them sees no reclaim in flight.
+_EXPIRED_LEASES = f"""
+SELECT w.work_id, w.lease_token, w.attempts, w.max_attempts
+  FROM connector_work_items w
+  JOIN workqueue_generations g ON g.registration_id = w.registration_id AND g.revision = w.revision
+ WHERE w.state = '{RUNNING}' AND {_EXPIRED}  -- the lease index
+   AND g.claim_path = '{WORK_ITEM_PATH}' AND g.status <> '{ROLLING_BACK}'
+ ORDER BY w.work_id
+ LIMIT %(limit)s
+   FOR UPDATE OF w SKIP LOCKED
+   FOR KEY SHARE OF g
+"""
+
+# An attempt handed back before its handler started: counted as unstarted, and out of
+# 'running' (still the caller's token; a reclaim may have moved it first, then only the
+# count is added). Once per attempt: the drain hands back each claim at most once.
+_RELEASE_UNSTARTED = f"""
 UPDATE connector_work_items w
-   SET state = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE 'retry' END,
-       run_after = CASE WHEN w.attempts >= w.max_attempts THEN w.run_after
-                        ELSE now() + make_interval(secs =>
-                             least(%(cap)s, %(base)s * power(2, greatest(w.attempts - 1, 0)))
-                             * (1 - %(jitter)s * random())) END,
-       outcome = CASE WHEN w.attempts >= w.max_attempts THEN 'dead' ELSE NULL END,
-       finished_at = CASE WHEN w.attempts >= w.max_attempts THEN now() ELSE NULL END,
-       failure_class = 'lease_expired',
-       failure_summary = format('lease expired before its holder finished (attempt %%s of %%s)',
-                                w.attempts, w.max_attempts),
-       reclaims = w.reclaims + 1,
+   SET unstarted_attempts = w.unstarted_attempts + 1,
+       state = CASE WHEN w.state = '{RUNNING}' THEN '{RETRY}' ELSE w.state END,
+       run_after = CASE WHEN w.state = '{RUNNING}' THEN now() ELSE w.run_after END,
+       failure_class = CASE WHEN w.state = '{RUNNING}' THEN 'not_started' ELSE w.failure_class END,
        lease_until = NULL,
        updated_at = now()
-  FROM expired e
- WHERE w.work_id = e.work_id AND w.lease_token = e.lease_token
-   AND w.state = 'running' AND w.lease_until <= now()
-RETURNING w.work_id, w.state
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+ WHERE w.work_id = d.work_id AND w.lease_token = d.token AND w.unstarted_attempts < w.attempts
+   AND (w.state = '{RUNNING}' OR (w.state IN ('{RETRY}', '{DEAD}') AND w.failure_class = 'lease_expired'))
+RETURNING w.work_id
+"""
+
+_LOCK_WORK_ITEM_FENCE = f"""
+SELECT 1 FROM connector_work_items
+ WHERE work_id = %(id)s AND lease_token = %(token)s AND state = '{RUNNING}' AND lease_until > now()
+   FOR NO KEY UPDATE
+"""
+# On the Event path the fence is the execution's start token, which must still be the
+# scheduler lease's current token.
+_LOCK_EVENT_FENCE = f"""
+SELECT 1 FROM event_executions x
+  JOIN leases l ON l.lease_name = %(lease)s
+ WHERE x.work_id = %(id)s AND x.start_token = %(token)s AND x.state = '{STARTED}'
+   AND l.fencing_token = %(token)s AND l.expires_at > clock_timestamp()
+   FOR NO KEY UPDATE OF x
 """
 
 
+def scheduler_lease_name(registration_id: str, revision: int) -> str:
+    """The generation-wide scheduler lease of the Event path (the seed's ConnectorSchedulerLease)."""
+    return f"workqueue-scheduler:{registration_id}@{revision}"
+
+
 def lock_fence(conn: Connection, item: ClaimedItem) -> bool:
-    """Lock the item's row if the caller still holds it (token, running, lease unexpired).
+    """Lock the item's row if the caller still holds it (token current, lease unexpired).
 
     A handler calls this first in the transaction that writes its effects: once it
-    returns True no reclaim or other claim can take the item until that transaction
-    ends, so a stale holder never writes; False means the lease is lost (write nothing).
+    returns True no reclaim, takeover or other claim can take the item until that
+    transaction ends, so a stale holder never writes; False means the lease is lost
+    (write nothing). Works on both claim paths.
     """
-    row = conn.execute(
-        """SELECT 1 FROM connector_work_items
-            WHERE work_id = %s AND lease_token = %s AND state = 'running' AND lease_until > now()
-              FOR NO KEY UPDATE""",
-        (item.work_id, item.token),
-    ).fetchone()
-    return row is not None
+    params = {"id": item.work_id, "token": item.token}
+    if item.claim_path == EVENT_PATH:
+        params["lease"] = scheduler_lease_name(item.registration_id, item.revision)
+        sql = _LOCK_EVENT_FENCE
+    else:
+        sql = _LOCK_WORK_ITEM_FENCE
+    return conn.execute(sql, params).fetchone() is not None
 
 
 def renew(conn: Connection, fences: Iterable[tuple[int, int]], lease_ttl: timedelta) -> set[int]:
-    """Extend the leases still held; returns the work_ids renewed (the others are lost)."""
+    """Extend the leases still held; returns the work_ids renewed.
+
+    Fences not returned are lost, or locked by someone else for a moment (then still
+    held and renewed next time): `held` tells which.
+    """
     ids, tokens = _fence_arrays(fences)
     if not ids:
         return set()
     rows = conn.execute(_RENEW, {"ids": ids, "tokens": tokens, "ttl": lease_ttl}, prepare=True).fetchall()
     return {r[0] for r in rows}
+
+
+def held(conn: Connection, fences: Iterable[tuple[int, int]]) -> dict[int, str]:
+    """work_id -> state of each fence's row while it still carries the fence's token.
+
+    'running' (with an unexpired lease) means still held; a final state with the token
+    shows what became of it (a finalizing statement whose answer was lost in a reconnect).
+    """
+    ids, tokens = _fence_arrays(fences)
+    if not ids:
+        return {}
+    rows = conn.execute(
+        f"""SELECT w.work_id, CASE WHEN w.state = '{RUNNING}' AND w.lease_until <= now() THEN 'expired'
+                                   ELSE w.state END
+              FROM connector_work_items w
+              JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+                ON w.work_id = d.work_id AND w.lease_token = d.token""",
+        {"ids": ids, "tokens": tokens},
+    ).fetchall()
+    return dict(rows)
 
 
 def complete(conn: Connection, fences: Iterable[tuple[int, int]], *, outcome: str = "succeeded") -> set[int]:
@@ -407,6 +507,18 @@ def complete(conn: Connection, fences: Iterable[tuple[int, int]], *, outcome: st
     return {r[0] for r in rows}
 
 
+def _failure_params(failures: Sequence[Failure]) -> dict[str, list]:
+    ordered = sorted(failures, key=lambda f: f.work_id)
+    return {
+        "ids": [f.work_id for f in ordered],
+        "tokens": [f.token for f in ordered],
+        "classes": [sanitize_summary(f.failure_class, 100) or "error" for f in ordered],
+        "summaries": [sanitize_summary(f.summary) for f in ordered],
+        "delays": [max(float(f.delay_s), 0.0) for f in ordered],
+        "terminal": [bool(f.terminal) for f in ordered],
+    }
+
+
 def finalize_failures(conn: Connection, failures: Sequence[Failure]) -> dict[int, str]:
     """Record failed attempts (retry with backoff, or dead); returns work_id -> new state.
 
@@ -414,15 +526,7 @@ def finalize_failures(conn: Connection, failures: Sequence[Failure]) -> dict[int
     """
     if not failures:
         return {}
-    params = {
-        "ids": [f.work_id for f in failures],
-        "tokens": [f.token for f in failures],
-        "classes": [sanitize_summary(f.failure_class, 100) or "error" for f in failures],
-        "summaries": [sanitize_summary(f.summary) for f in failures],
-        "delays": [max(float(f.delay_s), 0.0) for f in failures],
-        "terminal": [bool(f.terminal) for f in failures],
-    }
-    rows = conn.execute(_FAIL, params, prepare=True).fetchall()
+    rows = conn.execute(_FAIL, _failure_params(failures), prepare=True).fetchall()
     return {r[0]: r[1] for r in rows}
 
 
@@ -440,11 +544,37 @@ def fail(conn: Connection, item: ClaimedItem, failure_class: str, summary: str) 
 
 
 def reclaim_expired(conn: Connection, *, limit: int = 500, policy: RetryPolicy = DEFAULT_POLICY) -> ReclaimReport:
-    """Take back expired leases (each counts as an attempt): to 'retry', or 'dead' when spent."""
-    rows = conn.execute(
-        _RECLAIM,
-        {"limit": limit, "base": policy.base_s, "cap": policy.cap_s, "jitter": policy.jitter},
-        prepare=True,
-    ).fetchall()
-    dead = sum(1 for r in rows if r[1] == "dead")
+    """Take back expired leases (each counts as an attempt): to 'retry' after the policy's
+    backoff, or 'dead' when the budget is spent."""
+    with conn.transaction():
+        expired = conn.execute(_EXPIRED_LEASES, {"limit": limit}).fetchall()
+        failures = [
+            Failure(
+                work_id,
+                token,
+                "lease_expired",
+                f"lease expired before its holder finished (attempt {attempts} of {max_attempts})",
+                policy.delay(attempts),
+            )
+            for work_id, token, attempts, max_attempts in expired
+        ]
+        rows = conn.execute(_RECLAIM, _failure_params(failures)).fetchall() if failures else []
+    dead = sum(1 for r in rows if r[1] == DEAD)
     return ReclaimReport(retried=len(rows) - dead, dead=dead)
+
+
+def running_of(conn: Connection, owner: str) -> list[tuple[int, int]]:
+    """Fences of the items `owner` holds running (the lease index scopes the scan)."""
+    rows = conn.execute(
+        f"SELECT work_id, lease_token FROM connector_work_items WHERE state = '{RUNNING}' AND lease_owner = %s",
+        (owner,),
+    ).fetchall()
+    return [(r[0], r[1]) for r in rows]
+
+
+def release_unstarted(conn: Connection, fences: Iterable[tuple[int, int]]) -> set[int]:
+    """Hand back claimed attempts whose handler never started; returns the work_ids recorded."""
+    ids, tokens = _fence_arrays(fences)
+    if not ids:
+        return set()
+    return {r[0] for r in conn.execute(_RELEASE_UNSTARTED, {"ids": ids, "tokens": tokens}).fetchall()}

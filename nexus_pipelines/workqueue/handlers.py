@@ -1,7 +1,9 @@
 """The explicit work-type -> handler registry.
 
 A handler is a callable receiving the `ClaimedItem` (with its fencing token, so what
-it writes can be fenced or keyed by it: `claims.lock_fence`). It returns an outcome
+it writes can be fenced or keyed by it: `claims.lock_fence`). The same registry runs on
+both claim paths: `item.claim_path` says which one runs it, and `item.work_id` names
+the logical work on either, so effects keyed by it are written once. It returns an outcome
 string (or None for "succeeded"); raising `PermanentError` dead-letters the item,
 `RetryLater` retries it no sooner than the delay it names (a provider's Retry-After),
 any other exception is a retryable failure with the policy's backoff. A handler should check `item.lease_lost.is_set()` between

@@ -11,6 +11,12 @@ checked against the router's token first, events are inserted with
 `ON CONFLICT (event_id, work_type) DO NOTHING`, and the receipt is marked
 materialized under the same fence. A stale router's transaction therefore writes
 nothing; a retried router or a duplicate delivery creates nothing twice.
+
+The executable state goes to the claim path that owns the generation: work items for
+a WorkItem-owned generation (or one not activated yet), Event executions for an
+Event-owned one (the generation row is locked like a claim locks it, so a gate
+changing the owner waits). A logical work (event, work type) that already has a row
+on either path gets none on the other.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
+from nexus_pipelines.workqueue.states import EVENT_PATH, WORK_ITEM_PATH
 
 BODY_SNAPSHOT_LIMIT = 256 * 1024
 
@@ -254,6 +261,35 @@ def claim_receipts(conn: Connection, *, owner: str, limit: int, lease_ttl: timed
     ]
 
 
+def _owner(conn: Connection, registration_id: str, revision: int) -> str:
+    row = conn.execute(
+        "SELECT claim_path FROM workqueue_generations WHERE registration_id = %s AND revision = %s FOR KEY SHARE",
+        (registration_id, revision),
+    ).fetchone()
+    return row[0] if row else WORK_ITEM_PATH
+
+
+_INSERT_WORK = """
+INSERT INTO {table} (event_id, registration_id, revision, work_type, queue_class, max_attempts,
+                     source_lane_key, target_lane_key{priority})
+SELECT d.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
+       d.source_lane, d.target_lane{priority_value}
+  FROM unnest(%(events)s::bigint[], %(types)s::text[], %(classes)s::text[], %(max)s::int[],
+              %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
+       WITH ORDINALITY AS d(event_id, work_type, queue_class, max_attempts, priority, source_lane,
+                            target_lane, ord)
+ WHERE NOT EXISTS (SELECT 1 FROM {other} o WHERE o.event_id = d.event_id AND o.work_type = d.work_type)
+ ORDER BY d.ord
+ON CONFLICT (event_id, work_type) DO NOTHING
+"""
+_INSERT_WORK_ITEMS = _INSERT_WORK.format(
+    table="connector_work_items", other="event_executions", priority=", priority", priority_value=", d.priority"
+)
+_INSERT_EXECUTIONS = _INSERT_WORK.format(
+    table="event_executions", other="connector_work_items", priority="", priority_value=""
+)
+
+
 def _insert_events_and_work(
     conn: Connection,
     *,
@@ -314,19 +350,9 @@ def _insert_events_and_work(
     work_rows = [(event_id, w) for event_id, e in zip(event_ids, events) for w in e.work]
     created = 0
     if work_rows:
+        sql = _INSERT_EXECUTIONS if _owner(conn, registration_id, revision) == EVENT_PATH else _INSERT_WORK_ITEMS
         created = conn.execute(
-            """
-            INSERT INTO connector_work_items (event_id, registration_id, revision, work_type, queue_class,
-                                              max_attempts, priority, source_lane_key, target_lane_key)
-            SELECT d.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
-                   d.priority, d.source_lane, d.target_lane
-              FROM unnest(%(events)s::bigint[], %(types)s::text[], %(classes)s::text[], %(max)s::int[],
-                          %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
-                   WITH ORDINALITY AS d(event_id, work_type, queue_class, max_attempts, priority, source_lane,
-                                        target_lane, ord)
-             ORDER BY d.ord
-            ON CONFLICT (event_id, work_type) DO NOTHING
-            """,
+            sql,
             {
                 "registration_id": registration_id,
                 "revision": revision,

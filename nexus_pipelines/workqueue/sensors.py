@@ -1,7 +1,7 @@
-"""Sensors: launch drains and receipt routers when due work exists.
+"""Sensors: launch drains, Event-path runs and receipt routers when due work exists.
 
-A tick reads only bounded index probes (due items per queue class, due receipts)
-and Dagster's own run counts. Run keys are deterministic per time bucket and queue
+A tick reads only bounded index probes (due items per queue class, due receipts, due
+Event executions per Event-owned generation) and Dagster's own run counts. Run keys are deterministic per time bucket and queue
 class (`workqueue-drain:<class>:<bucket>:<n>`), so a repeated tick in the same
 bucket launches nothing new; the number of drains in flight is capped here and by
 the run coordinator's `nexus/queue-drain` tag limit.
@@ -24,7 +24,7 @@ from dagster import (
 
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.workqueue import stats
-from nexus_pipelines.workqueue.jobs import DRAIN_TAG, ROUTER_TAG
+from nexus_pipelines.workqueue.jobs import DRAIN_TAG, EVENT_PATH_TAG, ROUTER_TAG
 from nexus_pipelines.workqueue.registry import QUEUE_CLASSES
 
 MAX_CONCURRENT_DRAINS = 4
@@ -83,6 +83,32 @@ def build_drain_sensor(job, queue_classes: Sequence[str] = QUEUE_CLASSES):
         return drain_requests(due, in_flight=in_flight, bucket=bucket, job_name=job.name)
 
     return drain_sensor
+
+
+def build_event_path_sensor(job):
+    @sensor(
+        name=f"{job.name}_sensor",
+        job=job,
+        minimum_interval_seconds=30,
+        default_status=DefaultSensorStatus.STOPPED,
+        description="Launches one Event-path run per Event-owned generation with due work and no lease holder.",
+    )
+    def event_path_sensor(context: SensorEvaluationContext, control_plane: ControlPlaneResource):
+        with control_plane.connection() as conn:
+            due = stats.due_event_paths(conn)
+        if not due:
+            return SkipReason("no Event-owned generation has due work without a scheduler lease holder")
+        bucket = int(time.time() // BUCKET_S)
+        return [
+            RunRequest(
+                run_key=f"{job.name}:{reg}@{rev}:{bucket}",
+                run_config={"ops": {f"{job.name}_op": {"config": {"registration_id": reg, "revision": rev}}}},
+                tags={EVENT_PATH_TAG: f"{reg}@{rev}"},
+            )
+            for reg, rev, _count in due
+        ]
+
+    return event_path_sensor
 
 
 def build_router_sensor(job):

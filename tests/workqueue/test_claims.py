@@ -242,3 +242,54 @@ def test_lock_fence_holds_only_for_the_current_token_and_blocks_a_reclaim(contro
     stale = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__}, "token": item.token - 1})
     with control_conn.transaction():
         assert not claims.lock_fence(control_conn, stale)
+
+
+# --- reclaim backoff and the dispatch record ---------------------------------------------
+
+
+def test_reclaim_waits_the_retry_policy_delay(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    (item,) = claim(control_conn, reg)
+    expire_leases(control_conn, reg)
+    assert claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=40, cap_s=40, jitter=0)).retried == 1
+    (wait_s,) = control_conn.execute(
+        "SELECT extract(epoch FROM run_after - now()) FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone()
+    assert 35 < wait_s <= 40
+
+
+def test_reclaim_of_an_item_with_a_huge_attempt_count_waits_the_cap(control_conn, reg):
+    # the SQL formula it replaced computed power(2, attempts - 1) without a cap on the exponent
+    enqueue(control_conn, reg, items(1, max_attempts=100_000))
+    (item,) = claim(control_conn, reg)
+    control_conn.execute("UPDATE connector_work_items SET attempts = 5000 WHERE work_id = %s", (item.work_id,))
+    expire_leases(control_conn, reg)
+    assert claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=1, cap_s=30, jitter=0)).retried == 1
+    (wait_s,) = control_conn.execute(
+        "SELECT extract(epoch FROM run_after - now()) FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone()
+    assert 25 < wait_s <= 30
+
+
+def test_an_attempt_handed_back_unstarted_does_not_spend_the_budget(control_conn, reg):
+    enqueue(control_conn, reg, items(1, max_attempts=1))
+    (item,) = claim(control_conn, reg)
+    assert claims.release_unstarted(control_conn, [item.fence]) == {item.work_id}
+    assert claims.release_unstarted(control_conn, [item.fence]) == set()  # once per attempt
+    state, attempts, unstarted = control_conn.execute(
+        "SELECT state, attempts, unstarted_attempts FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone()
+    assert (state, attempts, unstarted) == ("retry", 1, 1)
+    (again,) = claim(control_conn, reg)  # due at once, and its one dispatch is still to come
+    assert claims.retry(control_conn, again, "E", "failed", policy=RetryPolicy(base_s=0, cap_s=0)) == "dead"
+
+
+def test_an_item_reclaimed_before_its_holder_started_it_is_recorded_unstarted(control_conn, reg):
+    enqueue(control_conn, reg, items(1))
+    (item,) = claim(control_conn, reg)
+    expire_leases(control_conn, reg)
+    claims.reclaim_expired(control_conn, policy=RetryPolicy(base_s=0, cap_s=0))
+    assert claims.release_unstarted(control_conn, [item.fence]) == {item.work_id}
+    assert control_conn.execute(
+        "SELECT state, attempts, unstarted_attempts FROM connector_work_items WHERE work_id = %s", (item.work_id,)
+    ).fetchone() == ("retry", 1, 1)

@@ -38,3 +38,50 @@ def test_queue_commands_end_to_end(control_conn, control_dsn, reg):
     quiesced = run(control_dsn, "quiesce", reg, "1")
     assert quiesced.exit_code == 0 and "drained" in quiesced.output
     assert run(control_dsn, "activate", reg, "2").exit_code == 0
+
+
+def _one_line_error(result, starts: str) -> str:
+    """The refusal: exit 1, its last line the only error line, and no traceback."""
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("Error:")]
+    assert errors == [lines[-1]] and lines[-1].startswith(f"Error: {starts}"), result.output
+    assert "Traceback" not in result.output
+    return lines[-1]
+
+
+def test_rollback_fences_and_recutover_from_the_cli(control_conn, control_dsn, reg, monkeypatch):
+    from nexus_pipelines import bindings
+    from nexus_pipelines.workqueue.handlers import HandlerRegistry
+
+    enqueue_work_items(control_conn, items(3, "cli.test"), registration_id=reg, revision=1)
+    assert run(control_dsn, "activate", reg, "1", "--route", "bulk=1").exit_code == 0
+    (running,) = claims.claim_batch(control_conn, owner="w", limit=1, lease_ttl=timedelta(seconds=30),
+                                    registration_ids=[reg])
+
+    refused = run(control_dsn, "rollback", reg, "1")
+    line = _one_line_error(refused, "rollback fence refused")
+    assert f"work item {running.work_id} blocks the rollback (running" in line
+    assert "work item claims and reclaims are disabled" in refused.output
+    claims.complete(control_conn, [running.fence])
+    rolled = run(control_dsn, "rollback", reg, "1")
+    assert rolled.exit_code == 0 and "Event-owned: 2 work items fenced" in rolled.output
+
+    listing = run(control_dsn, "fences", "--registration", reg)
+    assert "fenced=2\tawaiting=2\tunknown=0\treconciled=0" in listing.output
+    _one_line_error(run(control_dsn, "recutover", reg, "1"), "re-cutover refused")
+    health = json.loads(run(control_dsn, "stats", "--json").output)
+    assert health["fences"]["awaiting_legacy_outcome"] >= 2 and health["generations"]["event"]["quiescing"] >= 1
+
+    # the Event path resumes and runs the fenced work with the code location's registry
+    assert run(control_dsn, "activate", reg, "1", "--event-path").exit_code == 0
+    monkeypatch.setattr(bindings, "build_handler_registry", lambda pool: HandlerRegistry({"cli.test": lambda i: "ok"}))
+    drained = run(control_dsn, "event-drain", reg, "1", "--time-budget", "10")
+    report = json.loads(drained.output.splitlines()[-1])
+    assert (report["completed"], report["reconciled"]) == (2, 2)
+    cut = run(control_dsn, "recutover", reg, "1")
+    assert cut.exit_code == 0 and "2 fenced items reconciled, 0 new work items" in cut.output
+    assert "fenced=2\tawaiting=0\tunknown=0\treconciled=2" in run(control_dsn, "fences").output
+    _one_line_error(run(control_dsn, "fences", "confirm", str(running.work_id), "--outcome", "succeeded"),
+                    "confirmation refused")
+    _one_line_error(run(control_dsn, "recutover", reg, "1"), "re-cutover refused")  # not Event-owned any more

@@ -324,3 +324,99 @@ def test_receipt_survives_a_killed_router_and_materializes_once(control_dsn, reg
         ).fetchone()
         (items,) = conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s", (reg,)).fetchone()
     assert (status, attempts, events, items) == ("materialized", 2, 1, 1)
+
+
+def _until(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "the race did not reach its next phase"
+        time.sleep(0.05)
+
+
+def _retry_gate(gate, timeout_s: float = 60.0):
+    """Run a gate until it goes through (it refuses while executors still hold what it waits for)."""
+    from nexus_pipelines.workqueue.generations import GenerationGateError
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return gate()
+        except GenerationGateError:
+            assert time.monotonic() < deadline, "a gate never went through"
+            time.sleep(0.1)
+
+
+def test_work_item_drains_and_an_event_executor_on_one_generation_never_run_the_same_work(control_dsn, reg):
+    from nexus_pipelines.workqueue import event_path, generations, rollback
+    from nexus_pipelines.workqueue.receipts import enqueue_work_items
+
+    from .support import FencedEffects, effects
+
+    with connect(control_dsn) as conn:
+        enqueue(conn, reg, [NewWork(f"{reg}-{i}", "rec", source_lane_key=f"s{i % 7}") for i in range(240)])
+    handler = FencedEffects(control_dsn)
+    registry = HandlerRegistry({"rec": handler})
+    stop = threading.Event()
+
+    def work_item_drain(n: int) -> None:
+        while not stop.is_set():  # bounded drains, as the sensor launches them
+            drain(control_dsn, registry, worker_id=f"drain-{n}-{time.monotonic()}", registration_ids=[reg],
+                  concurrency=2, claim_batch=5, time_budget_s=0.4, idle_exit=False, poll_interval_s=0.02,
+                  stop_event=stop)
+
+    def event_executor() -> None:
+        while not stop.is_set():
+            event_path.run_event_path(control_dsn, registry, reg, 1, time_budget_s=0.4, idle_exit=False,
+                                      poll_interval_s=0.02, lease_ttl_s=5, stop_event=stop)
+            stop.wait(0.02)
+
+    threads = [threading.Thread(target=work_item_drain, args=(n,)) for n in range(2)]
+    threads.append(threading.Thread(target=event_executor))
+    for t in threads:
+        t.start()
+    try:
+        with connect(control_dsn) as conn:
+            done = lambda: len(handler.calls)  # noqa: E731
+            _until(lambda: done() >= 40)
+            rollback.disable_claims(conn, reg, 1, recorded_by="race")
+            fence = _retry_gate(lambda: rollback.fence(conn, reg, 1, recorded_by="race"))
+            assert fence.proof["fenced_items"] > 0
+            # new work while the Event path owns the generation, then a cutover while some of it is unfinished
+            enqueue_work_items(conn, [NewWork(f"{reg}-late-{i}", "rec") for i in range(60)],
+                               registration_id=reg, revision=1)
+            fenced_left = lambda: conn.execute(  # noqa: E731
+                "SELECT count(*) FROM event_executions WHERE rollback_fence_id = %s"
+                " AND state NOT IN ('succeeded', 'failed')", (fence.receipt_id,)).fetchone()[0]
+            _until(lambda: fenced_left() == 0)
+            generations.quiesce(conn, reg, 1, recorded_by="race")
+            cutover = _retry_gate(lambda: generations.activate(conn, reg, 1, recorded_by="race",
+                                                               route_versions={"bulk": 1}))
+            unfinished = lambda: conn.execute(  # noqa: E731
+                "SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                " AND state IN ('pending', 'retry', 'running', 'awaiting_legacy_outcome')", (reg,)).fetchone()[0]
+            _until(lambda: unfinished() == 0)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+
+    with connect(control_dsn) as conn:
+        all_work = [r[0] for r in conn.execute(
+            """SELECT work_id FROM connector_work_items WHERE registration_id = %(r)s
+               UNION SELECT work_id FROM event_executions WHERE registration_id = %(r)s""", {"r": reg})]
+        applied = effects(conn, all_work)
+        late = dict(conn.execute(
+            "SELECT work_id, state FROM event_executions WHERE registration_id = %s AND rollback_fence_id IS NULL",
+            (reg,)).fetchall())
+    assert len(all_work) == 300 and len(late) == 60
+    calls_per_work: dict[int, list[str]] = {}
+    for work_id, path in handler.calls:
+        calls_per_work.setdefault(work_id, []).append(path)
+    assert all(len(paths) == 1 for paths in calls_per_work.values()), "some work ran twice"
+    assert sorted(calls_per_work) == sorted(all_work)
+    assert {w: writes for w, (_, writes) in applied.items()} == {w: 1 for w in all_work}
+    assert {path for path, _ in applied.values()} == {"work_item", "event"}
+    # late work ran on the Event path, or was handed to work items at the cutover (same id), never both
+    transferred = {w for w, state in late.items() if state == "transferred"}
+    assert len(transferred) == cutover.proof["cutover"]["materialized_work_items"]
+    assert {w: applied[w][0] for w in late} == {w: "work_item" if w in transferred else "event" for w in late}

@@ -23,8 +23,10 @@ def test_defs_load_with_the_work_queue():
     from nexus_pipelines.definitions import defs
 
     repo = defs.get_repository_def()
-    assert {"workqueue_drain", "workqueue_receipt_router", "workqueue_health"} <= {j.name for j in repo.get_all_jobs()}
-    assert {"workqueue_drain_sensor", "workqueue_receipt_router_sensor"} <= {s.name for s in repo.sensor_defs}
+    assert {"workqueue_drain", "workqueue_event_path", "workqueue_receipt_router", "workqueue_health"} <= {
+        j.name for j in repo.get_all_jobs()}
+    assert {"workqueue_drain_sensor", "workqueue_event_path_sensor", "workqueue_receipt_router_sensor"} <= {
+        s.name for s in repo.sensor_defs}
 
 
 def test_drain_job_executes_in_process_and_observes_health(control_conn, control_dsn, reg):
@@ -134,3 +136,61 @@ def test_drain_sensor_scales_drains_with_a_backlog_beyond_one_drain(control_conn
         result = sensor(context)
     requests = list(result) if not isinstance(result, SkipReason) else []
     assert len(requests) == 3  # one drain per ITEMS_PER_DRAIN due items, under the cap of concurrent drains
+
+
+def test_the_event_path_job_runs_an_event_owned_generation_with_the_same_registry_factory(
+    control_conn, control_dsn, reg
+):
+    from nexus_pipelines.workqueue.jobs import build_event_path_job
+
+    from .support import roll_back
+
+    enqueue(control_conn, reg, items(4, "dagster.test"))
+    roll_back(control_conn, reg)
+    built: list = []
+
+    def factory(pool):
+        built.append(pool)
+        return HandlerRegistry({"dagster.test": _handler})
+
+    job = build_event_path_job(factory, name="test_event_path")
+    result = job.execute_in_process(
+        run_config={"ops": {"test_event_path_op": {"config": {"registration_id": reg, "revision": 1}}}},
+        resources={"control_plane": ControlPlaneResource(dsn=control_dsn)},
+    )
+    assert result.success and len(built) == 1
+    summary = result.output_for_node("test_event_path_op")
+    assert (summary["completed"], summary["reconciled"], summary["stopped"]) == (4, 4, "idle")
+    observation = next(e for e in result.all_events if e.event_type_value == "ASSET_OBSERVATION")
+    metadata = observation.event_specific_data.asset_observation.metadata
+    assert metadata["fences"].value["reconciled_legacy_terminal"] >= 4
+
+
+def test_the_event_path_sensor_requests_one_run_per_event_owned_generation_without_a_lease_holder(
+    control_conn, control_dsn, reg
+):
+    from datetime import timedelta
+
+    from nexus_pipelines.control import leases
+    from nexus_pipelines.workqueue.claims import scheduler_lease_name
+    from nexus_pipelines.workqueue.jobs import EVENT_PATH_TAG, build_event_path_job
+    from nexus_pipelines.workqueue.sensors import build_event_path_sensor
+
+    from .support import roll_back
+
+    enqueue(control_conn, reg, items(2, "dagster.test"))
+    roll_back(control_conn, reg)
+    sensor = build_event_path_sensor(build_event_path_job(lambda pool: HandlerRegistry({}), name="sensor_events"))
+
+    def tick():
+        with build_sensor_context(instance=DagsterInstance.ephemeral(),
+                                  resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}) as context:
+            result = sensor(context)
+        return [] if isinstance(result, SkipReason) else [r for r in result if r.tags[EVENT_PATH_TAG] == f"{reg}@1"]
+
+    (request,) = tick()
+    assert request.run_config["ops"]["sensor_events_op"]["config"] == {"registration_id": reg, "revision": 1}
+    held = leases.acquire(control_conn, scheduler_lease_name(reg, 1), "running-executor", timedelta(seconds=30))
+    assert tick() == []  # a run already holds the generation
+    leases.release(control_conn, held)
+    assert len(tick()) == 1

@@ -72,12 +72,15 @@ def test_replay_fails_closed_when_the_route_version_is_not_bound(control_conn, r
         replay(control_conn, dead.work_id, requested_by="op")
 
 
-def test_replay_refuses_rollback_fenced_items(control_conn, reg):
-    enqueue(control_conn, reg, items(1))
+def test_replay_refuses_dead_items_of_a_generation_the_event_path_owns(control_conn, reg):
+    from .support import roll_back
+
+    enqueue(control_conn, reg, items(2))
     dead = kill_one(control_conn, reg)
-    control_conn.execute("UPDATE connector_work_items SET rollback_fence_id = 7 WHERE work_id = %s", (dead.work_id,))
-    with pytest.raises(ReplayRefused, match="rollback"):
+    roll_back(control_conn, reg)  # the other item is fenced; the dead one stays as it was
+    with pytest.raises(ReplayRefused, match="on the Event path"):
         replay(control_conn, dead.work_id, requested_by="op")
+    assert list_dead(control_conn, registration_id=reg) == []  # the Event path is this generation's DLQ now
 
 
 @pytest.mark.parametrize(

@@ -141,8 +141,5 @@ def test_fenced_hot_paths_are_driven_by_the_primary_key(big_queue, statement):
 def test_reclaim_and_lease_counts_use_the_lease_index(big_queue):
     from nexus_pipelines.workqueue import claims
 
-    scans = _generic_plan_scans(
-        big_queue, claims._RECLAIM, {"limit": 500, "base": 1.0, "cap": 60.0, "jitter": 0.1},
-        {"limit": "bigint", "base": "float8", "cap": "float8", "jitter": "float8"},
-    )
+    scans = _generic_plan_scans(big_queue, claims._EXPIRED_LEASES, {"limit": 500}, {"limit": "bigint"})
     assert ("Index Scan", "connector_work_items", "connector_work_items_leases") in scans, scans

@@ -78,12 +78,11 @@ def test_ambiguous_ownership_fails_closed(control_conn, reg):
     control_conn.execute("UPDATE connector_work_items SET state = 'completed', lease_until = NULL WHERE registration_id = %s", (reg,))
     record_drained(control_conn, reg, 1, recorded_by="op")
     activate(control_conn, reg, 2, recorded_by="op", route_versions={})
-    # a generation owned by another claim path (reserved rollback states) is never activated
-    control_conn.execute(
-        "INSERT INTO workqueue_generations (registration_id, revision, status) VALUES (%s, 3, 'legacy')", (reg,)
-    )
-    control_conn.execute("UPDATE workqueue_generations SET status = 'quiesced' WHERE registration_id = %s AND revision = 2", (reg,))
-    with pytest.raises(GenerationGateError):
+    quiesce(control_conn, reg, 2, recorded_by="op")
+    record_drained(control_conn, reg, 2, recorded_by="op")
+    # a generation the Event path runs is never activated on the WorkItem path while it runs
+    activate(control_conn, reg, 3, recorded_by="op", route_versions={}, claim_path="event")
+    with pytest.raises(GenerationGateError, match="active on the event path"):
         activate(control_conn, reg, 3, recorded_by="op", route_versions={})
     with pytest.raises(GenerationGateError, match="never activated"):
         quiesce(control_conn, reg, 9, recorded_by="op")
@@ -115,7 +114,7 @@ def test_generation_receipts_are_immutable(control_conn, reg):
         "DELETE FROM workqueue_generation_receipts WHERE registration_id = %(reg)s",
         "DELETE FROM connector_outbox_events WHERE registration_id = %(reg)s"
         " AND NOT EXISTS (SELECT 1 FROM connector_work_items w WHERE w.event_id = connector_outbox_events.event_id)",
-        "TRUNCATE workqueue_generation_receipts",
+        "TRUNCATE workqueue_generation_receipts CASCADE",
     ],
 )
 def test_generation_receipts_and_events_cannot_be_deleted(control_conn, reg, statement):
@@ -154,7 +153,7 @@ def test_caller_proof_cannot_override_the_verified_activation_proof(control_conn
     ).fetchone()[0]
     assert proof["ticket"] == "OPS-1"
     assert proof["claim_schema"] != "forged"
-    assert proof["other_revisions"] == {"1": {"status": "quiesced", "leases": 0}}
+    assert proof["other_revisions"] == {"1": {"status": "quiesced", "claim_path": "work_item", "leases": 0}}
     assert proof["route_versions"] == {"bulk": 2}
     (bound,) = control_conn.execute(
         "SELECT route_versions FROM workqueue_generations WHERE registration_id = %s AND revision = 2", (reg,)

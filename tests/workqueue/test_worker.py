@@ -171,3 +171,24 @@ def test_retry_later_waits_at_least_the_delay_the_handler_names(control_conn, co
         "SELECT extract(epoch FROM run_after - now()) FROM connector_work_items WHERE registration_id = %s", (reg,)
     ).fetchone()
     assert 590 < wait_s <= 600
+
+
+def test_a_drain_is_a_registered_claimant_while_it_runs_and_clears_rows_of_dead_drains(control_conn, control_dsn, reg):
+    from datetime import timedelta
+
+    from nexus_pipelines.workqueue import claimants
+
+    enqueue(control_conn, reg, items(1, "seen"))
+    claimants.register(control_conn, "dead-drain", [reg], timedelta(seconds=-1))  # its process died long ago
+    seen = []
+
+    def during(item):
+        seen.extend(r[0] for r in control_conn.execute(
+            "SELECT claimant_id FROM workqueue_claimants WHERE expires_at > clock_timestamp()"))
+        return None
+
+    report = drain(control_dsn, HandlerRegistry({"seen": during}), worker_id="drain-under-test", registration_ids=[reg])
+    assert report.completed == 1 and "drain-under-test" in seen
+    assert control_conn.execute(
+        "SELECT count(*) FROM workqueue_claimants WHERE claimant_id IN ('drain-under-test', 'dead-drain')"
+    ).fetchone() == (0,)
