@@ -47,7 +47,7 @@ def _resolves(words: list[str]) -> bool:
     for word in words:
         if not isinstance(command, click.Group):
             return True  # the rest are arguments and options
-        if word.startswith("-") or word.isupper() or "<" in word or word in ("...", "|"):
+        if word.startswith(("-", "[")) or word.isupper() or "<" in word or word in ("...", "|"):
             return True
         sub = command.get_command(click.Context(command), word.split("|")[0])
         if sub is None:
