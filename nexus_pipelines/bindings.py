@@ -26,3 +26,17 @@ def build_handler_registry(pool: ConnectionPool) -> HandlerRegistry:
 
 def build_route_table() -> dict[str, Route]:
     return {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE}
+
+
+def route_versions() -> dict[str, int]:
+    """The routes (and versions) the code location's generations bind at activation."""
+    from nexus_pipelines.tickets.handlers import route_versions as ticket_routes
+
+    return ticket_routes()
+
+
+def known_generations(conn) -> list[tuple[str, int]]:
+    """(registration id, revision) of every registered connector revision: the generations
+    the operator commands of the queue may name."""
+    return [tuple(row) for row in conn.execute(
+        "SELECT tenant || '/' || registration_key, revision_no FROM connector_registrations ORDER BY 1, 2")]

@@ -142,6 +142,8 @@ def event_drain_cmd(registration: str, revision: int, max_items: int | None, tim
     """Run the Event path of an Event-owned generation in this process (one ordered consumer)."""
     from nexus_pipelines.workqueue.event_path import run_event_path
 
+    with control_connection() as conn:
+        _known_generation(conn, registration, revision)
     report = _with_registry(1, lambda pool, registry: run_event_path(
         pool, registry, registration, revision, max_items=max_items, time_budget_s=time_budget_s,
         lease_ttl_s=lease_ttl_s, on_outage=lambda message: click.echo(f"warning: {message}", err=True),
@@ -153,13 +155,33 @@ def event_drain_cmd(registration: str, revision: int, max_items: int | None, tim
 
 
 def _route_versions(routes: tuple[str, ...]) -> dict[str, int]:
+    """`--route` pairs, each a route the code location binds at that version; none given: all of them."""
+    from nexus_pipelines.bindings import route_versions as bound
+
+    known = bound()
+    if not routes:
+        return known
     route_versions: dict[str, int] = {}
     for spec in routes:
         route_id, sep, version = spec.partition("=")
         if not sep or not version.isdigit():
             raise UserError(f"--route {spec!r} must look like ROUTE_ID=VERSION")
+        if known.get(route_id) != int(version):
+            bound_text = ", ".join(f"{r}={v}" for r, v in sorted(known.items()))
+            raise UserError(f"--route {spec!r} is not a route this code location binds (it binds {bound_text})")
         route_versions[route_id] = int(version)
     return route_versions
+
+
+def _known_generation(conn, registration: str, revision: int) -> None:
+    """Refuse a generation the code location does not know (a typo, or text that is not a name)."""
+    from nexus_pipelines.bindings import known_generations
+
+    known = known_generations(conn)
+    if (registration, revision) not in known:
+        shown = ", ".join(f"{r}@{n}" for r, n in known[:8]) + (" ..." if len(known) > 8 else "")
+        raise UserError(f"unknown generation {registration!r}@{revision}: the registered connector revisions are "
+                        f"{shown or 'none'} (`nexus-pipelines connectors activate` registers them)")
 
 
 @queue.command("activate")
@@ -173,6 +195,7 @@ def activate_cmd(registration: str, revision: int, routes: tuple[str, ...], even
     from nexus_pipelines.workqueue.states import EVENT_PATH, WORK_ITEM_PATH
 
     with control_connection() as conn:
+        _known_generation(conn, registration, revision)
         try:
             receipt = activate(conn, registration, revision, recorded_by=operator(),
                                route_versions=_route_versions(routes),
@@ -195,6 +218,7 @@ def rollback_cmd(registration: str, revision: int) -> None:
     from nexus_pipelines.workqueue.rollback import RollbackRefused, disable_claims, fence
 
     with control_connection() as conn:
+        _known_generation(conn, registration, revision)
         try:
             if disable_claims(conn, registration, revision, recorded_by=operator()):
                 click.echo(f"{registration}@{revision}: work item claims and reclaims are disabled")
@@ -222,6 +246,7 @@ def recutover_cmd(registration: str, revision: int, routes: tuple[str, ...]) -> 
     from nexus_pipelines.workqueue.states import ACTIVE, EVENT_PATH, WORK_ITEM_PATH
 
     with control_connection() as conn:
+        _known_generation(conn, registration, revision)
         status = drain_status(conn, registration, revision)
         if status.claim_path != EVENT_PATH:
             raise UserError(f"re-cutover refused: {registration}@{revision} is not Event-owned "
@@ -286,6 +311,7 @@ def quiesce_cmd(registration: str, revision: int) -> None:
     from nexus_pipelines.workqueue.generations import GenerationGateError, quiesce, record_drained
 
     with control_connection() as conn:
+        _known_generation(conn, registration, revision)
         try:
             status = quiesce(conn, registration, revision, recorded_by=operator())
             if status.drained:

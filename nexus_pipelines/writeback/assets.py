@@ -48,6 +48,7 @@ from pydantic import Field
 from nexus_pipelines.writeback.checks import CHECK_ASSET, writeback_check_specs
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, load_config
 from nexus_pipelines.writeback.contract import JobContext, JobResult
+from nexus_pipelines.writeback.contract import RUN_ID_PATTERN
 from nexus_pipelines.writeback.registry import JobDefinition
 from nexus_pipelines.writeback.report import policy_summary
 from nexus_pipelines.writeback.runner import (
@@ -73,7 +74,8 @@ class WritebackRunConfig(Config):
     force: bool = Field(default=False, description="Send rows even when their payload hash is unchanged (still an idempotent upsert).")
     config_path: str | None = Field(default=None, description="Job config YAML; defaults to configs/jobs/<job>.yaml "
                                     "(configs/jobs/<job>.local.yaml on the local stack).")
-    run_id: str | None = Field(default=None, description="Ledger run id for a deliberate replay; defaults to the Dagster run id.")
+    run_id: str | None = Field(default=None, pattern=RUN_ID_PATTERN,
+                               description="Ledger run id for a deliberate replay; defaults to the Dagster run id.")
 
 
 def asset_keys(definition: JobDefinition) -> dict[str, AssetKey]:

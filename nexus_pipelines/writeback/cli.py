@@ -17,12 +17,24 @@ RECORD_STATUSES = ("succeeded", "retryable_failed", "permanent_failed")
 TABLE_CELL = 60  # widest table cell; --json has every value in full
 
 
+def _run_id(value: str | None) -> str | None:
+    import re
+
+    from nexus_pipelines.writeback.contract import RUN_ID_PATTERN
+
+    if value is not None and not re.match(RUN_ID_PATTERN, value):
+        raise click.BadParameter("a run id is 1-128 letters, digits, '.', '_', ':' or '-', starting with a letter "
+                                 "or digit", param_hint="--run-id")
+    return value
+
+
 @click.command("run-job")
 @click.option("--job", "job_name", required=True, help="Registered writeback job name, e.g. month_end_arr.")
 @click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
               help="Job config YAML (configs/jobs/<job>.yaml).")
 @click.option("--dry-run", is_flag=True, help="Validate and count; write nothing to NexusCRM or the record ledger.")
-@click.option("--run-id", default=None, help="Deterministic ledger run id for recovery or testing.")
+@click.option("--run-id", default=None, callback=lambda ctx, param, value: _run_id(value),
+              help="Deterministic ledger run id for recovery or testing (letters, digits, . _ : -).")
 @click.option("--retry-failed", is_flag=True, help="Send only rows whose current state is retryable_failed.")
 @click.option("--external-id", "external_ids", multiple=True, help="Only this external ID (repeatable): canary or repair.")
 @click.option("--force", is_flag=True, help="Send rows even when their payload hash is unchanged.")

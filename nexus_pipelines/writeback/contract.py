@@ -16,6 +16,10 @@ EXIT_FAILED = 1  # infrastructure, auth, schema, source or lease failures
 EXIT_RECORD_ERRORS = 2  # remaining retryable failures, or new/payload-changed permanent failures
 
 
+# A ledger run id names a run in logs, the ledger and the candidate table: printable, one token.
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+
+
 @dataclass(frozen=True)
 class JobContext:
     run_id: str

@@ -17,9 +17,26 @@ def run(dsn, *args):
     return result
 
 
+def registered(conn, key: str, revisions: int = 1) -> str:
+    """A connector registration with `revisions` revisions: generations the queue's commands may name."""
+    from nexus_pipelines.connectors.core import store
+    from tests.connectors.gitlab.harness import GitLabWorld
+
+    world = GitLabWorld()
+    for n in range(revisions):
+        registration = world.registration(key=key, page_size=10 + n)
+        store.register(conn, registration)
+    return registration.registration_id
+
+
+def enqueue(conn, reg: str, work):
+    return enqueue_work_items(conn, work, registration_id=reg, revision=1, route_id="issue.close")
+
+
 def test_queue_commands_end_to_end(control_conn, control_dsn, reg):
-    enqueue_work_items(control_conn, items(3, "cli.test"), registration_id=reg, revision=1)
-    out = run(control_dsn, "activate", reg, "1", "--route", "bulk=1")
+    reg = registered(control_conn, reg, revisions=2)
+    enqueue(control_conn, reg, items(3, "cli.test"))
+    out = run(control_dsn, "activate", reg, "1", "--route", "issue.close=1")
     assert out.exit_code == 0 and "is active" in out.output
     assert run(control_dsn, "activate", reg, "2").exit_code != 0  # revision 1 is active: refused
     (item,) = claims.claim_batch(control_conn, owner="w", limit=1, lease_ttl=timedelta(seconds=30), registration_ids=[reg])
@@ -54,8 +71,9 @@ def test_rollback_fences_and_recutover_from_the_cli(control_conn, control_dsn, r
     from nexus_pipelines import bindings
     from nexus_pipelines.workqueue.handlers import HandlerRegistry
 
-    enqueue_work_items(control_conn, items(3, "cli.test"), registration_id=reg, revision=1)
-    assert run(control_dsn, "activate", reg, "1", "--route", "bulk=1").exit_code == 0
+    reg = registered(control_conn, reg)
+    enqueue(control_conn, reg, items(3, "cli.test"))
+    assert run(control_dsn, "activate", reg, "1").exit_code == 0
     (running,) = claims.claim_batch(control_conn, owner="w", limit=1, lease_ttl=timedelta(seconds=30),
                                     registration_ids=[reg])
 
@@ -85,3 +103,17 @@ def test_rollback_fences_and_recutover_from_the_cli(control_conn, control_dsn, r
     _one_line_error(run(control_dsn, "fences", "confirm", str(running.work_id), "--outcome", "succeeded"),
                     "confirmation refused")
     _one_line_error(run(control_dsn, "recutover", reg, "1"), "re-cutover refused")  # not Event-owned any more
+
+
+def test_generations_and_routes_the_code_location_does_not_know_are_refused(control_conn, control_dsn, reg):
+    known = registered(control_conn, reg)
+    hostile = "reg'); DROP TABLE leases; --"
+    refused = run(control_dsn, "activate", hostile, "1")
+    line = _one_line_error(refused, "unknown generation")
+    assert f"{known}@1" in line or "..." in line
+    _one_line_error(run(control_dsn, "activate", known, "7"), "unknown generation")
+    _one_line_error(run(control_dsn, "activate", known, "1", "--route", "bulk=1"), "--route 'bulk=1' is not a route")
+    _one_line_error(run(control_dsn, "quiesce", hostile, "1"), "unknown generation")
+    assert control_conn.execute("SELECT count(*) FROM workqueue_generations WHERE registration_id = %s",
+                                (hostile,)).fetchone() == (0,)
+    assert control_conn.execute("SELECT to_regclass('leases')").fetchone() != (None,)

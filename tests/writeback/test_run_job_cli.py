@@ -129,3 +129,14 @@ def test_a_run_with_record_errors_prints_its_summary_and_dagster_run_id_and_no_t
     dagster_run_id = lines[1].split()[2]
     with DagsterInstance.from_config(str(tmp_path / "dagster_home")) as instance:
         assert instance.get_run_by_id(dagster_run_id).job_name == "writeback_month_end_arr_job"
+
+
+def test_a_run_id_that_is_not_one_printable_token_is_refused_before_anything_runs():
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    result = CliRunner().invoke(main, ["run-job", "--job", "month_end_arr", "--config", "configs/jobs/month_end_arr.yaml",
+                                       "--run-id", "run\nforged line"], env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1"})
+    assert result.exit_code == 2 and "Invalid value for --run-id" in result.output
+    assert "forged line" not in result.output
