@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test demo dev up status down migrate bench-writeback bench-workqueue bench-chaos bench-polling lock clean
+.PHONY: install test chromium demo dev up status down migrate bench-writeback bench-workqueue bench-chaos bench-polling lock clean
 
 install: $(STAMP)
 
@@ -16,8 +16,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(BIN)/python -m pytest
+
+# The page tests drive Debian's Chromium through Playwright (`playwright install` cannot
+# download browsers here), so `make test` installs it when it is missing.
+chromium:
+	@command -v chromium >/dev/null || { echo "installing Debian's chromium for the page tests..."; \
+		apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }
 
 demo: $(STAMP)
 	$(BIN)/nexus-pipelines demo
