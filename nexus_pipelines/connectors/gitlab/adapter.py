@@ -13,7 +13,6 @@ the close, the issue's state is read). A 3xx (a moved project) is never followed
 from __future__ import annotations
 
 import email.utils
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
@@ -38,7 +37,9 @@ from nexus_pipelines.connectors.gitlab.config import GitLabConfig
 from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
+    MarkerLookup,
     Problem,
+    after_comment_write,
     body_is_truncated,
     close_failure,
     exception_problem,
@@ -128,12 +129,6 @@ def _status_problem(response: httpx.Response, what: str) -> Problem:
     if status >= 500:
         return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
     return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    found: str | None = None  # the note id carrying the marker
-    problem: Problem | None = None  # set when the lookup could not tell
 
 
 class GitLabConnector:
@@ -269,14 +264,7 @@ class GitLabConnector:
                                    "not parse", maybe_written=True)
         if problem is None:
             problem = _status_problem(response, "creating the note")
-        if not problem.maybe_written:
-            return None, close_failure(problem)
-        lookup = self._find_marker(base, command.marker, deadline)
-        if lookup.found is not None:
-            return lookup.found, None
-        if lookup.problem is None:
-            return None, close_failure(problem, "reconciled_absent")
-        return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:300])
+        return after_comment_write(problem, lambda: self._find_marker(base, command.marker, deadline))
 
     def _close(self, base: str, command: CloseExternalIssue, note_id: str, deadline: Deadline) -> CloseExternalIssueResult:
         response = self._send("PUT", base, deadline, "close_issue", json={"state_event": "close"})
@@ -309,28 +297,28 @@ class GitLabConnector:
         return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
                                 marker=command.marker, comment_ref=f"note:{note_id}")
 
-    def _find_marker(self, base: str, marker: str, deadline: Deadline) -> _Lookup:
+    def _find_marker(self, base: str, marker: str, deadline: Deadline) -> MarkerLookup:
         """Search the issue's notes for the exact marker: found, absent (problem None), or inconclusive."""
         page = "1"
         for _ in range(MAX_NOTE_PAGES):
             response = self._send("GET", f"{base}/notes", deadline, "list_notes",
                                   params={"sort": "asc", "order_by": "created_at", "per_page": 100, "page": page})
             if isinstance(response, Problem):
-                return _Lookup(problem=response)
+                return MarkerLookup(problem=response)
             if response.status_code != 200:
-                return _Lookup(problem=_status_problem(response, "reading notes"))
+                return MarkerLookup(problem=_status_problem(response, "reading notes"))
             try:
                 notes = _NOTES.validate_json(response.content)
             except ValidationError:
-                return _Lookup(problem=Problem("retryable", "transport_protocol", "reading notes: the body does "
+                return MarkerLookup(problem=Problem("retryable", "transport_protocol", "reading notes: the body does "
                                                 "not parse"))
             for note in notes:
                 if not note.system and marker in note.body:
-                    return _Lookup(found=str(note.id))
+                    return MarkerLookup(found=str(note.id))
             page = response.headers.get("x-next-page", "")
             if not page:
-                return _Lookup()
-        return _Lookup(problem=Problem("retryable", "provider_5xx", f"reading notes: more than {MAX_NOTE_PAGES} "
+                return MarkerLookup()
+        return MarkerLookup(problem=Problem("retryable", "provider_5xx", f"reading notes: more than {MAX_NOTE_PAGES} "
                                         "pages"))
 
 

@@ -27,12 +27,12 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from nexus_pipelines.local.simulators.http import Fault, FaultQueue, Simulator, SimRequest, SimResponse, build_app
+from nexus_pipelines.local.simulators.http import Fault, FaultQueue, SimClock, Simulator, SimRequest, SimResponse, build_app
 from nexus_pipelines.local.simulators.http import load_data, save_data
 
 OFFSET_TOTAL_LIMIT = 10_000
@@ -50,25 +50,6 @@ _NOTES = re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)/notes$")
 
 def iso_ms(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-class SimClock:
-    """The simulator's wall clock: real time by default, or frozen and advanced by tests."""
-
-    def __init__(self, start: datetime | None = None) -> None:
-        self._frozen = start
-        self._lock = threading.Lock()
-
-    def now(self) -> datetime:
-        with self._lock:
-            moment = self._frozen or datetime.now(UTC)
-        return moment.replace(microsecond=moment.microsecond // 1000 * 1000)
-
-    def advance(self, seconds: float) -> None:
-        with self._lock:
-            if self._frozen is None:
-                raise RuntimeError("advance() needs a frozen clock")
-            self._frozen += timedelta(seconds=seconds)
 
 
 @dataclass
