@@ -61,16 +61,25 @@ def exception_problem(exc: Exception) -> Problem:
     raise exc  # core turns an escaping exception into a contract violation
 
 
+# The longest wait a throttled result carries (the seam's bound): a provider asking for
+# longer is asked again then, instead of the throttle turning into a contract violation.
+LONGEST_WAIT_S = 86_400.0
+
+
+def _wait(problem: Problem) -> float | None:
+    if problem.reason != "throttled" or problem.retry_after is None:
+        return None
+    return min(max(problem.retry_after, 0.0), LONGEST_WAIT_S)
+
+
 def fetch_failure(problem: Problem) -> FetchFailure:
     return FetchFailure(retry_class=problem.retry_class, reason=problem.reason,
-                        detail=problem.detail[:DETAIL_MAX_CHARS],
-                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+                        detail=problem.detail[:DETAIL_MAX_CHARS], retry_after_seconds=_wait(problem))
 
 
 def close_failure(problem: Problem, disposition: str = "not_written") -> CloseFailure:
     return CloseFailure(retry_class=problem.retry_class, reason=problem.reason, write_disposition=disposition,
-                        detail=problem.detail[:DETAIL_MAX_CHARS],
-                        retry_after_seconds=problem.retry_after if problem.reason == "throttled" else None)
+                        detail=problem.detail[:DETAIL_MAX_CHARS], retry_after_seconds=_wait(problem))
 
 
 @dataclass(frozen=True)

@@ -86,8 +86,9 @@ class RetryExecutor:
                 raise _Broken(f"fetch_page returned {type(result).__name__}, not a page or a fetch failure")
             if len(result.issues) > request.page_size:
                 raise _Broken(f"fetch_page returned {len(result.issues)} issues for a page of {request.page_size}")
-            if result.issues and result.next_cursor == request.cursor:
-                raise _Broken("fetch_page returned issues without advancing the cursor")
+            if result.next_cursor == request.cursor and (result.issues or not result.exhausted):
+                # CX-04: a page advances the token or declares exhaustion (else a poll could spin)
+                raise _Broken("fetch_page returned a page without advancing the cursor or declaring exhaustion")
             return result
 
         def broken(detail: str) -> FetchFailure:

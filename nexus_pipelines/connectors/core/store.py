@@ -31,6 +31,17 @@ class PollLeaseLost(RuntimeError):
     """The poll claim's token is no longer current; nothing was written."""
 
 
+class UnreadableRevision(RegistrationError):
+    """A claimed revision's stored config no longer parses under this code (a schema or
+    validation change): the caller records its failure under the claim's token."""
+
+    def __init__(self, detail: str, *, tenant: str, key: str, revision_id: str, token: int, failure_count: int):
+        super().__init__(detail)
+        self.registration_id = f"{tenant}/{key}"
+        self.tenant, self.key, self.revision_id = tenant, key, revision_id
+        self.token, self.failure_count = token, failure_count
+
+
 @dataclass(frozen=True)
 class StoredRevision:
     registration: Registration
@@ -164,19 +175,27 @@ UPDATE connector_progress p
   FROM due, connector_registrations r
  WHERE (p.tenant, p.registration_key, p.revision_id) = (due.tenant, due.registration_key, due.revision_id)
    AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
-RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count
+RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count,
+          p.tenant, p.registration_key, p.revision_id
 """
 
 
 def claim_due(conn: Connection, registry: ConnectorRegistry, *, owner: str, ttl: timedelta,
               registration_ids: Sequence[str] | None = None) -> PollClaim | None:
-    """Take the poll lease of one due revision of an active registration, or None."""
+    """Take the poll lease of one due revision of an active registration, or None.
+
+    Raises UnreadableRevision, holding the lease, when the claimed revision cannot be read.
+    """
     only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if registration_ids else ""
     row = conn.execute(_CLAIM.format(only=only),
                        {"owner": owner, "ttl": ttl, "only": list(registration_ids or [])}).fetchone()
     if row is None:
         return None
-    stored = _stored(row[:4], registry)
+    try:
+        stored = _stored(row[:4], registry)
+    except RegistrationError as exc:
+        raise UnreadableRevision(str(exc), tenant=row[8], key=row[9], revision_id=row[10], token=row[4],
+                                 failure_count=row[7]) from None
     return PollClaim(stored.registration, stored.revision_no, owner, row[4], row[5], row[6], row[7])
 
 
@@ -250,17 +269,31 @@ def record_failure(conn: Connection, claim: PollClaim, *, failure_class: str, re
     r = claim.registration
     with conn.transaction():
         _hold(conn, claim)
-        conn.execute(
-            """UPDATE connector_progress
-                  SET failure_count = failure_count + 1, last_failure_class = %(cls)s, last_failure_reason = %(reason)s,
-                      last_failure_detail = %(detail)s, last_failure_at = now(),
-                      next_poll_at = now() + make_interval(secs => %(delay)s),
-                      lease_owner = NULL, lease_until = NULL, updated_at = now()
-                WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
-                  AND lease_token = %(token)s""",
-            {"cls": failure_class, "reason": reason, "detail": one_line(detail, 300), "delay": max(delay_s, 0.0),
-             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
-        )
+        _schedule_failure(conn, r.tenant, r.key, r.revision_id, claim.token, failure_class, reason, detail, delay_s)
+
+
+def record_unreadable(conn: Connection, unreadable: UnreadableRevision, *, delay_s: float) -> bool:
+    """Record a terminal failure for a claimed revision that cannot be read; False when its
+    lease was lost meanwhile (nothing written)."""
+    u = unreadable
+    with conn.transaction():
+        return _schedule_failure(conn, u.tenant, u.key, u.revision_id, u.token, "terminal", "registration_unreadable",
+                                 str(u), delay_s)
+
+
+def _schedule_failure(conn: Connection, tenant: str, key: str, revision_id: str, token: int, failure_class: str,
+                      reason: str, detail: str, delay_s: float) -> bool:
+    return conn.execute(
+        """UPDATE connector_progress
+              SET failure_count = failure_count + 1, last_failure_class = %(cls)s, last_failure_reason = %(reason)s,
+                  last_failure_detail = %(detail)s, last_failure_at = now(),
+                  next_poll_at = now() + make_interval(secs => %(delay)s),
+                  lease_owner = NULL, lease_until = NULL, updated_at = now()
+            WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+              AND lease_token = %(token)s AND lease_until > now()""",
+        {"cls": failure_class, "reason": reason, "detail": one_line(detail, 300), "delay": max(delay_s, 0.0),
+         "tenant": tenant, "key": key, "rev": revision_id, "token": token},
+    ).rowcount == 1
 
 
 def release(conn: Connection, claim: PollClaim) -> bool:

@@ -96,7 +96,10 @@ def run_tick(
     rng: random.Random | None = None,
 ) -> TickReport | None:
     """Claim and run one tick; None when no revision is due."""
-    claim = store.claim_due(conn, registry, owner=owner, ttl=lease_ttl, registration_ids=registration_ids)
+    try:
+        claim = store.claim_due(conn, registry, owner=owner, ttl=lease_ttl, registration_ids=registration_ids)
+    except store.UnreadableRevision as unreadable:
+        return _unreadable(conn, unreadable, rng)
     if claim is None:
         return None
     registration = claim.registration
@@ -153,6 +156,18 @@ def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_cl
         store.record_failure(conn, claim, failure_class=retry_class, reason=reason, detail=detail, delay_s=delay)
     except store.PollLeaseLost as exc:
         report.outcome, report.failure = "lost", str(exc)
+    return report
+
+
+def _unreadable(conn: Connection, unreadable: store.UnreadableRevision, rng: random.Random | None) -> TickReport:
+    """A stored revision this code cannot read fails terminally on its own schedule, so the
+    run goes on with the other registrations."""
+    report = TickReport(unreadable.registration_id, unreadable.revision_id, "failure", failure_class="terminal",
+                        failure=f"registration_unreadable: {unreadable}")
+    delay = failure_delay(unreadable.failure_count + 1, "terminal", None, rng)
+    report.retry_in_s = round(delay, 3)
+    if not store.record_unreadable(conn, unreadable, delay_s=delay):
+        report.outcome = "lost"
     return report
 
 

@@ -64,6 +64,8 @@ def test_a_page_larger_than_asked_or_a_non_advancing_cursor_is_refused():
     assert run(Scripted(big))[0].reason == "contract_violation"
     stuck = ExternalIssuePage(issues=(one_issue(),), next_cursor="c0", exhausted=False)
     assert run(Scripted(stuck))[0].reason == "contract_violation"
+    spinning = ExternalIssuePage(issues=(), next_cursor="c0", exhausted=False)
+    assert run(Scripted(spinning))[0].reason == "contract_violation"  # neither advances nor declares exhaustion
     empty_same = ExternalIssuePage(issues=(), next_cursor="c0", exhausted=True)
     assert run(Scripted(empty_same))[0].kind == "page"  # nothing new: the same token is fine
 

@@ -71,6 +71,13 @@ def test_a_rate_limit_without_retry_after_waits_until_ratelimit_reset(world):
     assert 25 <= fetch(world).retry_after_seconds <= 31
 
 
+def test_a_wait_longer_than_a_day_is_a_throttle_of_a_day_not_a_contract_violation(world):
+    world.add_issues(1)
+    world.state.faults.push("list_issues", Fault(status=429, headers={"Retry-After": str(3 * 86_400)}))
+    result = fetch(world)
+    assert isinstance(result, FetchFailure) and (result.reason, result.retry_after_seconds) == ("throttled", 86_400)
+
+
 def test_the_note_creation_limit_sends_no_headers_and_writes_nothing(world):
     (ref,) = world.add_issues(1)
     world.state.note_rate_limit = RateLimit(limit=0, send_headers=False)
