@@ -13,6 +13,13 @@ minute (inclusive, never later than meant). The next scan starts at min(hwm, fro
 minus `SCAN_OVERLAP`, never before this scan's own bound: an issue updated while the
 scan ran, or made searchable late (Jira's search is eventually consistent), is read
 again. Re-read versions write nothing downstream. `n` grows with every page.
+
+Atlassian documents `nextPageToken` as opaque, not as a keyset position. If a site's
+token holds an offset, an issue updated mid-scan shifts the later ones back and one is
+skipped whose `updated` may lie anywhere above the bound. So a scan that saw an issue
+updated after it began (hwm >= from) is followed by a scan from its own bound: a scan
+without such an update proves nothing shifted. The cost is a re-read while issues keep
+changing during long scans (a first sync of a busy site), never a missed issue.
 """
 
 from __future__ import annotations
@@ -91,6 +98,8 @@ class JiraCursor:
         if next_token is not None:
             return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, issued_at=served_at,
                            next=next_token)
+        if hwm is not None and scan_from is not None and hwm >= scan_from:
+            return JiraCursor(seq=self.seq + 1, since=self.since)  # something changed mid-scan: see above
         return JiraCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))
 
     def token_expired(self, served_at: datetime | None) -> bool:

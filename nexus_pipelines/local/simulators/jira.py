@@ -17,8 +17,9 @@ limits (429 with `Retry-After`, `X-RateLimit-*` and `RateLimit-Reason`) and `Dat
 Times have millisecond precision and are rendered with the account's UTC offset; JQL
 dates are wall times in the account's profile time zone. State changes are live: an
 update between two page requests moves the issue in the next page (the page token is a
-keyset position over the query's sort order, never an offset), and `index_lag` keeps a
-change out of search results for a while, as Jira's eventually consistent search may. Each work type has its
+keyset position over the query's sort order; `offset_page_tokens` makes it an offset, as
+an opaque token may be), and `index_lag` keeps a change out of search results for a
+while, as Jira's eventually consistent search may. Each work type has its
 own workflow, so transition ids differ between types.
 """
 
@@ -166,6 +167,9 @@ class JiraState:
         self.rate_limit: RateLimit | None = None
         # Jira: "Recent updates might not be immediately visible in the returned search results."
         self.index_lag = timedelta(0)  # a change is searchable this long after it happened
+        # Atlassian documents nextPageToken as opaque; a site whose token holds an offset
+        # (not a keyset position) shifts later issues back when one already read is updated.
+        self.offset_page_tokens = False
         self.calls: Counter[str] = Counter()
         self._window: Counter[tuple[str, int]] = Counter()
         self._ids = itertools.count(10001)
@@ -315,7 +319,7 @@ class JiraState:
         return base64.urlsafe_b64encode(f"{payload}|{signature}".encode()).decode().rstrip("=")
 
     def read_page_token(self, token: str, jql: str) -> list[int] | str:
-        """The keyset position a token holds, or why it is refused."""
+        """The keyset position (or, with offset tokens, the offset) a token holds, or why it is refused."""
         try:
             payload, _, signature = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode().rpartition("|")
             data = json.loads(payload)
@@ -502,17 +506,22 @@ class JiraSimulator(Simulator):
         lag, now = self.state.index_lag, self.state.clock.now()
         matching = sorted((i for (s, _), i in self.state.issues.items() if s == site and i.project_id == project.id
                            and not (lag and i.updated > now - lag) and _matches(i, query, zone)), key=position)
-        after = matching
+        after, offset = matching, 0
         token = request.param("nextPageToken")
         if token is not None:
             start = self.state.read_page_token(token, jql)
             if isinstance(start, str):
                 return _error(400, start)
-            after = [i for i in matching if position(i) > start]
+            if self.state.offset_page_tokens:
+                offset = start[0]
+                after = matching[offset:]
+            else:
+                after = [i for i in matching if position(i) > start]
         page, more = after[:size], len(after) > size
         body: dict[str, Any] = {"issues": [render.issue(i, fields) for i in page], "isLast": not more}
         if more:
-            body["nextPageToken"] = self.state.page_token(jql, position(page[-1]))
+            held = [offset + len(page)] if self.state.offset_page_tokens else position(page[-1])
+            body["nextPageToken"] = self.state.page_token(jql, held)
         return SimResponse.json(200, body)
 
     # -- one issue ------------------------------------------------------------------------
