@@ -69,20 +69,32 @@ class Card:
     age_s: int
 
 
-def board_lanes(conn: Connection, memberships: list[Membership], *, triage: str | None = None) -> dict[str, list[Card]]:
+@dataclass
+class Lane:
+    """The first LANE_LIMIT cards of one lifecycle state, and how many the state holds
+    (the page says when it shows fewer: no hidden queue)."""
+
+    cards: list[Card]
+    total: int = 0
+
+
+def board_lanes(conn: Connection, memberships: list[Membership], *, triage: str | None = None) -> dict[str, Lane]:
     """Tickets of the scope by lifecycle state, highest priority then oldest first."""
     rows = conn.execute(
         f"""SELECT * FROM (
                 SELECT t.ticket_id, t.tenant || '/' || t.project, t.title, t.status, t.triage_state, t.priority,
                        l.external_ref, {_AGE.format('t.created_at')},
-                       row_number() OVER (PARTITION BY t.status ORDER BY t.priority, t.created_at, t.ticket_id) AS n
+                       row_number() OVER (PARTITION BY t.status ORDER BY t.priority, t.created_at, t.ticket_id) AS n,
+                       count(*) OVER (PARTITION BY t.status) AS total
                   FROM tickets t JOIN ticket_custody_links l USING (ticket_id)
                  WHERE {_IN_SCOPE} AND (%(triage)s::text IS NULL OR t.triage_state = %(triage)s)) ranked
              WHERE n <= %(limit)s ORDER BY n""",
         {**_scope(memberships), "triage": triage, "limit": LANE_LIMIT}).fetchall()
-    lanes: dict[str, list[Card]] = {lane: [] for lane in LANES}
+    lanes = {lane: Lane([]) for lane in LANES}
     for row in rows:
-        lanes[row[3]].append(Card(*row[:-1]))
+        lane = lanes[row[3]]
+        lane.cards.append(Card(*row[:-2]))
+        lane.total = row[-1]
     return lanes
 
 

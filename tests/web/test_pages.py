@@ -77,6 +77,14 @@ def test_the_board_counts_filters_and_attention_lists_oldest_first(pool, seeded)
     assert order == oldest_first and sorted(order) == seeded.ticket_ids
 
 
+def test_a_lane_longer_than_the_board_shows_says_how_many_it_holds(pool, seeded, monkeypatch):
+    monkeypatch.setattr("nexus_pipelines.tickets.board.LANE_LIMIT", 2)
+    board = signed_in(pool, seeded.commander).get("/board").text
+    assert sum(f'data-ticket="{t}"' in board for t in seeded.ticket_ids) == 2
+    assert re.search(r'data-lane="open">\s*<h2>Open <span class="pill">3</span>', board)
+    assert "first\n2 of 3" in text_of(board, "more-open") and 'data-testid="more-done"' not in board
+
+
 def test_controls_follow_the_role_and_a_forged_or_crosssite_post_is_refused(pool, seeded):
     ticket = seeded.ticket_ids[0]
     operator = signed_in(pool, seeded.operator)

@@ -40,9 +40,12 @@ BOARD = """{% extends "base" %}{% block title %}Board{% endblock %}{% block main
 <a href="/board"{% if not triage %} aria-current="true"{% endif %}>All</a>
 {% for state in triage_states %}<a href="/board?triage={{ state }}" data-testid="filter-{{ state }}"
 {% if triage == state %} aria-current="true"{% endif %}>{{ state | title }}</a>{% endfor %}</p>
-<div class="lanes">{% for lane, cards in lanes.items() %}<section class="lane" data-lane="{{ lane }}">
-<h2>{{ lane | title }} <span class="pill">{{ cards | length }}</span></h2>
-{% for card in cards %}<article class="card" data-ticket="{{ card.ticket_id }}">
+<div class="lanes">{% for lane, column in lanes.items() %}<section class="lane" data-lane="{{ lane }}">
+<h2>{{ lane | title }} <span class="pill">{{ column.total }}</span></h2>
+{% if column.total > column.cards | length %}<p class="more" data-testid="more-{{ lane }}">Showing the first
+{{ column.cards | length }} of {{ column.total }} (highest priority, then oldest); filter by triage state to narrow
+the lane, or use <code>nexus-pipelines tickets list</code>.</p>{% endif %}
+{% for card in column.cards %}<article class="card" data-ticket="{{ card.ticket_id }}">
 <a href="/tickets/{{ card.ticket_id }}">#{{ card.ticket_id }} {{ card.title }}</a>
 <div class="meta"><span class="badge t-{{ card.triage_state | lower }}">{{ card.triage_state }}</span>
 <span class="badge">{{ card.priority }}</span> {{ card.project_id }} · {{ card.external_ref }} · {{ card.age_s | age }}</div>
