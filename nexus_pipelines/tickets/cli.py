@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -172,6 +173,13 @@ def rebuild_cmd() -> None:
     click.echo(f"projection rebuilt from the facts: {corrected} ticket rows corrected")
 
 
+def _loopback(host: str) -> bool:
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 @tickets.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=3100, type=click.IntRange(1, 65535), show_default=True)
@@ -179,6 +187,9 @@ def rebuild_cmd() -> None:
               help="Mark the session cookie Secure (serve behind HTTPS).")
 def serve_cmd(host: str, port: int, secure_cookies: bool) -> None:
     """Serve the Board, Ticket Detail and Attention pages."""
+    if not secure_cookies and not _loopback(host):
+        raise UserError(f"--host {host} serves the pages beyond this machine: serve them behind HTTPS and pass "
+                        "--secure-cookies (a session cookie must not travel in clear text)")
     try:
         import uvicorn
 

@@ -193,3 +193,14 @@ def test_tickets_serve_refuses_an_unreachable_control_plane_in_one_line():
     result = CliRunner().invoke(main, ["tickets", "serve"], env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1 dbname=x"})
     assert result.exit_code == 1 and "cannot reach the control plane" in result.output
     assert len(result.output.strip().splitlines()) == 1
+
+
+def test_tickets_serve_beyond_loopback_needs_secure_cookies():
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    result = CliRunner().invoke(main, ["tickets", "serve", "--host", "0.0.0.0"],
+                                env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1 dbname=x"})
+    assert result.exit_code == 1 and "--secure-cookies" in result.output
+    assert len(result.output.strip().splitlines()) == 1
