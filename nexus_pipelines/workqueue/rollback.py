@@ -14,7 +14,9 @@
    'awaiting_legacy_outcome' with the fence id, the owner-generation receipt binding the
    zero proof and the fenced set (count and digest) is written (its id is the fence
    id), the generation becomes Event-owned and active, and the fenced items get their
-   Event executions (same work ids). Only then may the Event path run them.
+   Event executions (same work ids): work an earlier cutover took from the Event path
+   re-arms its 'transferred' execution under the new fence (it never reached an
+   outcome), the rest get new ones. Only then may the Event path run them.
 
 A rollback is abandoned with `generations.activate` (claims resume).
 """
@@ -40,6 +42,7 @@ from nexus_pipelines.workqueue.states import (
     RETRY,
     ROLLING_BACK,
     RUNNING,
+    TRANSFERRED,
     WORK_ITEM_PATH,
 )
 
@@ -107,14 +110,33 @@ UPDATE connector_work_items w
  WHERE w.work_id = fenced.work_id
 """
 
+# The fenced items (the fence's own set, after _FENCE_ITEMS).
+_FENCED = f"""
+w.registration_id = %(reg)s AND w.revision = %(rev)s AND w.rollback_fence_id = %(fence)s
+AND w.state = '{AWAITING_LEGACY_OUTCOME}'
+"""
+
+# Work an earlier cutover took from the Event path has a 'transferred' execution with
+# the same work id (it never reached an outcome): it is re-armed under this fence.
+_REARM = f"""
+UPDATE event_executions x
+   SET state = '{PENDING}', rollback_fence_id = %(fence)s, attempts = 0, run_after = now(), start_token = NULL,
+       started_at = NULL, finished_at = NULL, outcome = NULL, failure_class = NULL, failure_summary = NULL,
+       updated_at = now()
+  FROM connector_work_items w
+ WHERE x.work_id = w.work_id AND x.state = '{TRANSFERRED}' AND {_FENCED}
+"""
+
+# Every other fenced item gets its execution (an execution of the same work id in any
+# other state is a unique violation: the hand-over fails closed).
 _HAND_OVER = f"""
 INSERT INTO event_executions (work_id, event_id, work_type, registration_id, revision, queue_class, source_lane_key,
                               target_lane_key, max_attempts, rollback_fence_id)
 SELECT work_id, event_id, work_type, registration_id, revision, queue_class, source_lane_key, target_lane_key,
        max_attempts, rollback_fence_id
-  FROM connector_work_items
- WHERE registration_id = %(reg)s AND revision = %(rev)s AND rollback_fence_id = %(fence)s
-   AND state = '{AWAITING_LEGACY_OUTCOME}'
+  FROM connector_work_items w
+ WHERE {_FENCED}
+   AND NOT EXISTS (SELECT 1 FROM event_executions x WHERE x.work_id = w.work_id AND x.rollback_fence_id = %(fence)s)
  ORDER BY work_id
 """
 
@@ -179,6 +201,7 @@ def fence(conn: Connection, registration_id: str, revision: int, *, recorded_by:
                 WHERE registration_id = %(reg)s AND revision = %(rev)s""",
             params,
         )
+        conn.execute(_REARM, params)
         conn.execute(_HAND_OVER, params)
         return receipt
 

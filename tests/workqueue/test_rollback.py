@@ -260,6 +260,63 @@ def test_a_new_event_with_no_work_item_row_becomes_a_work_item_at_recutover(cont
         fenced[0]: ("event", 1), ran[0]: ("event", 1), new[0]: ("work_item", 1)}
 
 
+def _executions(conn, reg: str) -> dict[int, tuple]:
+    return {r[0]: r[1:] for r in conn.execute(
+        "SELECT work_id, state, rollback_fence_id, attempts FROM event_executions WHERE registration_id = %s",
+        (reg,)).fetchall()}
+
+
+def test_a_generation_rolls_back_cuts_over_and_rolls_back_again(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(1, "t"))
+    (fenced_first,) = work_ids(control_conn, reg)
+    handler = FencedEffects(control_dsn)
+    registry = HandlerRegistry({"t": handler})
+    first_fence = roll_back(control_conn, reg)
+    event_path.run_event_path(control_dsn, registry, reg, 1)
+    # routed while the Event path owns the generation, not run by it: the cutover hands them over
+    enqueue_work_items(control_conn, items(2, "t"), registration_id=reg, revision=1)
+    ran_as_item, fenced_again = sorted(set(_executions(control_conn, reg)) - {fenced_first})
+    recutover(control_conn, reg)
+    assert drain(control_dsn, registry, registration_ids=[reg], max_items=1).completed == 1
+    assert states(control_conn, reg) == {fenced_first: "reconciled_legacy_terminal", ran_as_item: "completed",
+                                         fenced_again: "pending"}
+
+    second_fence = roll_back(control_conn, reg)
+    assert second_fence.proof["fenced_items"] == 1
+    assert states(control_conn, reg)[fenced_again] == "awaiting_legacy_outcome"
+    assert _executions(control_conn, reg) == {
+        fenced_first: ("succeeded", first_fence.receipt_id, 1),
+        ran_as_item: ("transferred", None, 0),  # its work item ran it: the Event path never does
+        fenced_again: ("pending", second_fence.receipt_id, 0),  # re-armed under the new fence
+    }
+    assert _receipts(control_conn, fenced_again) == []  # it never reached an outcome on the Event path
+
+    # the Event path runs the re-armed work once, and new work arrives while it owns the generation
+    enqueue_work_items(control_conn, items(1, "t"), registration_id=reg, revision=1)
+    (late,) = set(_executions(control_conn, reg)) - {fenced_first, ran_as_item, fenced_again}
+    report = event_path.run_event_path(control_dsn, registry, reg, 1, max_items=1)
+    assert (report.completed, report.reconciled) == (1, 1)
+    ((version, outcome, digest),) = _receipts(control_conn, fenced_again)
+    assert (version, outcome) == (1, "succeeded")
+    assert _item(control_conn, fenced_again) == ("reconciled_legacy_terminal", second_fence.receipt_id, 1, digest,
+                                                 "legacy:succeeded")
+
+    receipt = recutover(control_conn, reg)
+    assert set(receipt.proof["cutover"]["fences"]) == {str(first_fence.receipt_id), str(second_fence.receipt_id)}
+    assert receipt.proof["cutover"]["materialized_work_items"] == 1
+    assert drain(control_dsn, registry, registration_ids=[reg]).completed == 1
+    assert states(control_conn, reg) == {fenced_first: "reconciled_legacy_terminal", ran_as_item: "completed",
+                                         fenced_again: "reconciled_legacy_terminal", late: "completed"}
+    every = [fenced_first, ran_as_item, fenced_again, late]
+    assert effects(control_conn, every) == {fenced_first: ("event", 1), ran_as_item: ("work_item", 1),
+                                            fenced_again: ("event", 1), late: ("work_item", 1)}
+    assert sorted(handler.calls) == sorted([(fenced_first, "event"), (ran_as_item, "work_item"),
+                                            (fenced_again, "event"), (late, "work_item")])
+    assert control_conn.execute(
+        "SELECT count(*), count(DISTINCT (event_id, work_type)) FROM connector_work_items WHERE registration_id = %s",
+        (reg,)).fetchone() == (4, 4)
+
+
 # --- refusals ---------------------------------------------------------------------------------
 
 

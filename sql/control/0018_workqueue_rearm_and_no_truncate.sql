@@ -1,0 +1,43 @@
+-- A second rollback of a generation hands back work that an earlier cutover took from
+-- the Event path: its Event execution is 'transferred' (it never reached an outcome and
+-- has no LegacyOutcomeReceipt) and its work item, created with the same work_id, is now
+-- fenced. The rollback re-arms that execution under the new fence instead of inserting
+-- a second one for the same work_id. 'transferred' stays final otherwise: it may become
+-- 'pending' again only beside its work item awaiting the legacy outcome under the
+-- execution's new fence, in an Event-owned generation, with no receipt for the work yet.
+
+CREATE OR REPLACE FUNCTION workqueue_guard_execution_update() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.state = 'transferred' AND NEW.state = 'pending' THEN
+        IF NEW.event_id <> OLD.event_id OR NEW.work_type <> OLD.work_type
+           OR NEW.registration_id <> OLD.registration_id OR NEW.revision <> OLD.revision
+           OR NEW.rollback_fence_id IS NULL
+           OR NOT EXISTS (SELECT 1 FROM connector_work_items w
+                           WHERE w.work_id = NEW.work_id AND w.state = 'awaiting_legacy_outcome'
+                             AND w.rollback_fence_id = NEW.rollback_fence_id)
+           OR NOT EXISTS (SELECT 1 FROM workqueue_generations g
+                           WHERE g.registration_id = NEW.registration_id AND g.revision = NEW.revision
+                             AND g.claim_path = 'event')
+           OR EXISTS (SELECT 1 FROM legacy_outcome_receipts r WHERE r.work_id = NEW.work_id) THEN
+            RAISE EXCEPTION 'event execution % is transferred: only a rollback fence that fenced its work item can hand it back to the Event path',
+                OLD.work_id USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF OLD.state IN ('succeeded', 'failed', 'transferred') THEN
+        RAISE EXCEPTION 'event execution % is % and final', OLD.work_id, OLD.state
+            USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF OLD.state = 'unknown' AND NEW.state NOT IN ('succeeded', 'failed') THEN
+        RAISE EXCEPTION 'event execution % has an unknown outcome: it can only be confirmed succeeded or failed',
+            OLD.work_id USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    IF NEW.state = 'started' AND OLD.state <> 'started' AND NOT EXISTS (
+            SELECT 1 FROM workqueue_generations g
+             WHERE g.registration_id = NEW.registration_id AND g.revision = NEW.revision
+               AND g.claim_path = 'event' AND g.status = 'active') THEN
+        RAISE EXCEPTION 'event execution % cannot start: generation %@% is not an active Event-owned generation',
+            NEW.work_id, NEW.registration_id, NEW.revision USING ERRCODE = 'integrity_constraint_violation';
+    END IF;
+    RETURN NEW;
+END $$;
