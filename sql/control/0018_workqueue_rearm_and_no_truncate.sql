@@ -41,3 +41,17 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
+
+-- A TRUNCATE skips the row triggers that keep fenced and reconciled work items (0017):
+-- a reconciled_legacy_terminal row proves its logical work already ran under legacy
+-- ownership and a fence's set is verified against its receipt, so the work items table
+-- is never truncated (rows the guards allow to go are deleted row by row).
+-- workqueue_replays (the replay audit) holds nothing a fenced or reconciled row needs:
+-- a replayed item is never fenced, which its own `replays` count records.
+CREATE FUNCTION workqueue_untruncatable_table() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION '% cannot be truncated: its fenced and reconciled rows are never deleted', TG_TABLE_NAME
+        USING ERRCODE = 'integrity_constraint_violation';
+END $$;
+CREATE TRIGGER connector_work_items_no_truncate BEFORE TRUNCATE ON connector_work_items
+    FOR EACH STATEMENT EXECUTE FUNCTION workqueue_untruncatable_table();

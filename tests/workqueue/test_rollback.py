@@ -234,6 +234,21 @@ def test_a_reconciled_row_is_never_reopened_reset_reused_or_duplicated(control_c
     assert effects(control_conn, [work_id]) == {work_id: ("event", 1)}
 
 
+@pytest.mark.parametrize("statement", [
+    "TRUNCATE connector_work_items CASCADE",
+    "TRUNCATE connector_work_items, workqueue_replays",
+])
+def test_work_items_cannot_be_truncated_away_with_their_reconciled_rows(control_conn, control_dsn, reg, statement):
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
+    recutover(control_conn, reg)
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="connector_work_items"):
+        control_conn.execute(statement)
+    assert _item(control_conn, work_id)[0] == "reconciled_legacy_terminal"
+
+
 def test_a_new_event_with_no_work_item_row_becomes_a_work_item_at_recutover(control_conn, control_dsn, reg):
     enqueue(control_conn, reg, items(1, "t"))
     roll_back(control_conn, reg)
