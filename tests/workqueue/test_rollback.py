@@ -445,3 +445,54 @@ def test_recutover_is_refused_while_the_event_path_still_runs(control_conn, cont
     generations.activate(control_conn, reg, 1, recorded_by="op", route_versions={"bulk": 1}, claim_path="event")
     event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
     recutover(control_conn, reg)
+
+
+def _refused_cutover(conn, reg) -> str:
+    """The re-cutover's refusal (one line); nothing changed: the generation is still Event-owned."""
+    with pytest.raises(generations.GenerationGateError) as refused:
+        generations.activate(conn, reg, 1, recorded_by="op", route_versions={"bulk": 1})
+    assert "\n" not in str(refused.value)
+    assert generations.drain_status(conn, reg, 1).claim_path == "event"
+    return str(refused.value)
+
+
+def test_recutover_is_refused_while_the_event_path_scheduler_lease_is_held(control_conn, reg):
+    from nexus_pipelines.control import leases
+
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    held = leases.acquire(control_conn, claims.scheduler_lease_name(reg, 1), "event-executor-a", TTL)
+    generations.quiesce(control_conn, reg, 1, recorded_by="op")
+    line = _refused_cutover(control_conn, reg)
+    assert line.startswith(f"generation {reg}@1: the Event path's scheduler lease is still held by "
+                           "'event-executor-a' (until ") and line.endswith("UTC); wait for it to stop")
+    assert _item(control_conn, work_id)[0] == "awaiting_legacy_outcome"
+    assert leases.release(control_conn, held)
+    assert "still await a terminal legacy outcome" in _refused_cutover(control_conn, reg)  # the next fact
+
+
+def test_recutover_is_refused_while_an_event_execution_was_left_started(control_conn, control_dsn, reg):
+    from nexus_pipelines.control import leases
+
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    # an executor started the attempt under its lease and went away without recording an outcome
+    gone = leases.acquire(control_conn, claims.scheduler_lease_name(reg, 1), "gone", TTL)
+    control_conn.execute(
+        """UPDATE event_executions SET state = 'started', start_token = %s, started_at = now(),
+                  attempts = attempts + 1 WHERE work_id = %s""",
+        (gone.token, work_id),
+    )
+    leases.release(control_conn, gone)
+    generations.quiesce(control_conn, reg, 1, recorded_by="op")
+    assert _refused_cutover(control_conn, reg) == (
+        f"generation {reg}@1: 1 Event executions were left started by a lease holder that is gone; "
+        f"run `queue event-drain {reg} 1` to settle them")
+    assert control_conn.execute("SELECT state FROM event_executions WHERE work_id = %s", (work_id,)).fetchone() == (
+        "started",)
+    # what the refusal says to do settles it (a retry: the budget is not spent), and the next fact blocks
+    report = event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
+    assert (report.interrupted, report.stopped) == (1, "not_admitted")
+    assert "still await a terminal legacy outcome" in _refused_cutover(control_conn, reg)
