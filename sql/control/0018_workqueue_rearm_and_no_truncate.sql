@@ -7,6 +7,8 @@
 -- execution's new fence, in an Event-owned generation, with no receipt for the work yet.
 
 CREATE OR REPLACE FUNCTION workqueue_guard_execution_update() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    receipt_version integer;
 BEGIN
     IF OLD.state = 'transferred' AND NEW.state = 'pending' THEN
         IF NEW.event_id <> OLD.event_id OR NEW.work_type <> OLD.work_type
@@ -17,10 +19,14 @@ BEGIN
                              AND w.rollback_fence_id = NEW.rollback_fence_id)
            OR NOT EXISTS (SELECT 1 FROM workqueue_generations g
                            WHERE g.registration_id = NEW.registration_id AND g.revision = NEW.revision
-                             AND g.claim_path = 'event')
-           OR EXISTS (SELECT 1 FROM legacy_outcome_receipts r WHERE r.work_id = NEW.work_id) THEN
+                             AND g.claim_path = 'event') THEN
             RAISE EXCEPTION 'event execution % is transferred: only a rollback fence that fenced its work item can hand it back to the Event path',
                 OLD.work_id USING ERRCODE = 'integrity_constraint_violation';
+        END IF;
+        SELECT max(r.version) INTO receipt_version FROM legacy_outcome_receipts r WHERE r.work_id = NEW.work_id;
+        IF receipt_version IS NOT NULL THEN
+            RAISE EXCEPTION 'event execution % is transferred, yet its work has a LegacyOutcomeReceipt (version %) written after the hand-over: its outcome is ambiguous and it is not handed back to the Event path',
+                OLD.work_id, receipt_version USING ERRCODE = 'integrity_constraint_violation';
         END IF;
         RETURN NEW;
     END IF;
