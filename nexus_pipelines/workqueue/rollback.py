@@ -12,11 +12,12 @@
    Any of these refuses the fence with one line naming the first. Then every eligible
    item (pending, or a retry whose every attempt was handed back unstarted) becomes
    'awaiting_legacy_outcome' with the fence id, the owner-generation receipt binding the
-   zero proof and the fenced set (count and digest) is written (its id is the fence
-   id), the generation becomes Event-owned and active, and the fenced items get their
-   Event executions (same work ids): work an earlier cutover took from the Event path
-   re-arms its 'transferred' execution under the new fence (it never reached an
-   outcome), the rest get new ones. Only then may the Event path run them.
+   zero proof (counted in this transaction) and the fenced set (count and digest) is
+   written (its id is the fence id), the generation becomes Event-owned and active, and
+   the fenced items get their Event executions (same work ids): work an earlier
+   cutover took from the Event path re-arms its 'transferred' execution under the new
+   fence (it never reached an outcome), the rest get new ones. Only then may the Event
+   path run them.
 
 A rollback is abandoned with `generations.activate` (claims resume).
 """
@@ -80,6 +81,19 @@ SELECT kind, work_id, detail FROM (
         AND (replays > 0 OR attempts > unstarted_attempts)
       ORDER BY work_id LIMIT 1)
 ) blockers ORDER BY rank LIMIT 1
+"""
+
+# The zero proof, counted in the fence transaction (the blockers above refuse first, naming an
+# item): running items and their active and expired leases, and unfinished items with an
+# attempt that may have dispatched (started_attempts).
+_MEASURED_FIELDS = ("running_items", "active_leases", "expired_leases", "started_attempts")
+_MEASURE = f"""
+SELECT count(*) FILTER (WHERE state = '{RUNNING}'),
+       count(*) FILTER (WHERE state = '{RUNNING}' AND lease_until > now()),
+       count(*) FILTER (WHERE state = '{RUNNING}' AND lease_until <= now()),
+       count(*) FILTER (WHERE attempts > unstarted_attempts)
+  FROM connector_work_items
+ WHERE registration_id = %(reg)s AND revision = %(rev)s AND state IN ('{PENDING}', '{RETRY}', '{RUNNING}')
 """
 
 _WHAT_TO_DO = {
@@ -184,10 +198,19 @@ def fence(conn: Connection, registration_id: str, revision: int, *, recorded_by:
                 f"running (first: {first.claimant_id}, registered until {first.expires_at:%Y-%m-%d %H:%M:%S} UTC); "
                 "wait for them to stop, then run `queue rollback` again"
             )
+        measured = dict(zip(_MEASURED_FIELDS, conn.execute(_MEASURE, params).fetchone()))
+        measured["claim_capable_drains"] = len(drains)
+        if any(measured.values()):
+            counts = ", ".join(f"{k}={v}" for k, v in measured.items() if v)
+            raise RollbackRefused(f"generation {name}: the fence measured {counts}; nothing was fenced: run "
+                                  "`queue rollback` again to see the item that blocks it")
         fenced_items, set_digest = conn.execute(_FENCE_SET, params).fetchone()
         proof = {
-            "running_items": 0, "active_leases": 0, "expired_leases": 0, "started_attempts": 0,
-            "claim_transactions": 0, "claim_capable_drains": 0, "claims_disabled_at": disabled_at.isoformat(),
+            **measured,
+            # no claim or reclaim transaction is in flight: each holds the generation row FOR KEY SHARE,
+            # which the FOR UPDATE taken above waited for
+            "claim_transactions": 0,
+            "claims_disabled_at": disabled_at.isoformat(),
             "fenced_items": fenced_items, "fenced_set_digest": set_digest,
         }
         receipt = write_receipt(conn, registration_id, revision, "rollback_fence", recorded_by, proof)

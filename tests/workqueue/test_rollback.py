@@ -496,3 +496,33 @@ def test_recutover_is_refused_while_an_event_execution_was_left_started(control_
     report = event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
     assert (report.interrupted, report.stopped) == (1, "not_admitted")
     assert "still await a terminal legacy outcome" in _refused_cutover(control_conn, reg)
+
+
+@pytest.mark.parametrize("make, measured", [
+    (_running, {"running_items": 1, "active_leases": 1, "started_attempts": 1}),
+    (_expired, {"running_items": 1, "expired_leases": 1, "started_attempts": 1}),
+    (_dispatched_retry, {"started_attempts": 1}),
+], ids=["running", "expired_lease", "started_attempt"])
+def test_the_fence_proof_is_measured_in_the_fence_transaction(control_conn, reg, make, measured, monkeypatch):
+    enqueue(control_conn, reg, items(2, "t"))
+    make(control_conn, reg)
+    rollback.disable_claims(control_conn, reg, 1, recorded_by="op")
+    # were the blockers query to miss the item, the measured proof still refuses the fence
+    monkeypatch.setattr(rollback, "_BLOCKERS", "SELECT NULL, NULL, NULL WHERE false")
+    with pytest.raises(rollback.RollbackRefused) as refused:
+        rollback.fence(control_conn, reg, 1, recorded_by="op")
+    assert ", ".join(f"{k}={v}" for k, v in measured.items()) in str(refused.value)
+    assert "awaiting_legacy_outcome" not in states(control_conn, reg).values()
+    assert generations.drain_status(control_conn, reg, 1).status == "rolling_back"
+
+
+def test_a_fence_receipt_records_the_counts_it_measured(control_conn, reg):
+    enqueue(control_conn, reg, items(2, "t"))
+    fence = roll_back(control_conn, reg)
+    (stored,) = control_conn.execute("SELECT proof FROM workqueue_generation_receipts WHERE receipt_id = %s",
+                                     (fence.receipt_id,)).fetchone()
+    assert stored == fence.proof
+    assert {k: stored[k] for k in ("running_items", "active_leases", "expired_leases", "started_attempts",
+                                   "claim_transactions", "claim_capable_drains", "fenced_items")} == {
+        "running_items": 0, "active_leases": 0, "expired_leases": 0, "started_attempts": 0,
+        "claim_transactions": 0, "claim_capable_drains": 0, "fenced_items": 2}
