@@ -1,16 +1,33 @@
 """`nexus-pipelines queue ...`: operator commands for the durable work queue.
 
 Every refusal of a gate (activation, quiesce, rollback, re-cutover, confirmation) is
-one line naming the blocking fact.
+one line naming the blocking fact. So is a refusal of the database's claim-path guards
+(0017, 0018) under `activate`, `rollback` and `recutover`: a guard raises SQLSTATE
+23000 and its transaction is rolled back. Any other database error is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
+import psycopg
 
 from nexus_pipelines.cli_common import UserError, control_connection, control_dsn, operator
+
+
+@contextmanager
+def _gate(refused: str, refusals: tuple[type[Exception], ...], unchanged: str) -> Iterator[None]:
+    """A gate's own refusal, or its guard's, as one line: `refused: ...`."""
+    try:
+        yield
+    except refusals as exc:
+        raise UserError(f"{refused}: {exc}") from exc
+    except psycopg.errors.IntegrityConstraintViolation as exc:  # 23000 only: what the guards raise
+        raise UserError(f"{refused} by the database: {exc.diag.message_primary}; {unchanged}") from exc
 
 
 @click.group("queue")
@@ -196,12 +213,10 @@ def activate_cmd(registration: str, revision: int, routes: tuple[str, ...], even
 
     with control_connection() as conn:
         _known_generation(conn, registration, revision)
-        try:
+        with _gate("activation refused", (GenerationGateError,), "nothing was changed"):
             receipt = activate(conn, registration, revision, recorded_by=operator(),
                                route_versions=_route_versions(routes),
                                claim_path=EVENT_PATH if event_path else WORK_ITEM_PATH)
-        except GenerationGateError as exc:
-            raise UserError(f"activation refused: {exc}") from exc
     path = "the Event path" if event_path else "work item claims"
     click.echo(f"{registration}@{revision} is active for {path} (receipt {receipt.receipt_id})")
 
@@ -219,12 +234,11 @@ def rollback_cmd(registration: str, revision: int) -> None:
 
     with control_connection() as conn:
         _known_generation(conn, registration, revision)
-        try:
+        with _gate("rollback fence refused", (RollbackRefused,),
+                   f"nothing was fenced (`queue activate {registration} {revision}` resumes its claims)"):
             if disable_claims(conn, registration, revision, recorded_by=operator()):
                 click.echo(f"{registration}@{revision}: work item claims and reclaims are disabled")
             receipt = fence(conn, registration, revision, recorded_by=operator())
-        except RollbackRefused as exc:
-            raise UserError(f"rollback fence refused: {exc}") from exc
     click.echo(f"{registration}@{revision} is Event-owned: {receipt.proof['fenced_items']} work items fenced "
                f"(fence {receipt.receipt_id}); run its Event path (`queue event-drain {registration} {revision}`)")
 
@@ -251,15 +265,15 @@ def recutover_cmd(registration: str, revision: int, routes: tuple[str, ...]) -> 
         if status.claim_path != EVENT_PATH:
             raise UserError(f"re-cutover refused: {registration}@{revision} is not Event-owned "
                             f"({status.status or 'never activated'})")
-        try:
+        with _gate("re-cutover refused", (GenerationGateError,),
+                   f"the cutover was rolled back (`queue activate {registration} {revision} --event-path` "
+                   "resumes its Event path)"):
             if status.status == ACTIVE:
                 quiesce(conn, registration, revision, recorded_by=operator())
                 click.echo(f"{registration}@{revision}: Event path admission stopped")
             versions = _route_versions(routes) or bound_route_versions(conn, registration, revision)
             receipt = activate(conn, registration, revision, recorded_by=operator(), route_versions=versions,
                                claim_path=WORK_ITEM_PATH)
-        except GenerationGateError as exc:
-            raise UserError(f"re-cutover refused: {exc}") from exc
     cutover = receipt.proof.get("cutover", {})
     click.echo(f"{registration}@{revision} is active for work item claims (receipt {receipt.receipt_id}): "
                f"{cutover.get('reconciled', 0)} fenced items reconciled, "

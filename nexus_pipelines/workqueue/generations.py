@@ -53,7 +53,7 @@ from nexus_pipelines.workqueue.states import (
     sql_in,
 )
 
-CLAIM_SCHEMA = "0017_workqueue_one_claim_path"
+CLAIM_SCHEMA = "0018_workqueue_rearm_and_no_truncate"
 
 
 class GenerationGateError(RuntimeError):

@@ -12,9 +12,12 @@
    Any of these refuses the fence with one line naming the first. Then every eligible
    item (pending, or a retry whose every attempt was handed back unstarted) becomes
    'awaiting_legacy_outcome' with the fence id, the owner-generation receipt binding the
-   zero proof and the fenced set (count and digest) is written (its id is the fence
-   id), the generation becomes Event-owned and active, and the fenced items get their
-   Event executions (same work ids). Only then may the Event path run them.
+   zero proof (counted in this transaction) and the fenced set (count and digest) is
+   written (its id is the fence id), the generation becomes Event-owned and active, and
+   the fenced items get their Event executions (same work ids): work an earlier
+   cutover took from the Event path re-arms its 'transferred' execution under the new
+   fence (it never reached an outcome), the rest get new ones. Only then may the Event
+   path run them.
 
 A rollback is abandoned with `generations.activate` (claims resume).
 """
@@ -40,6 +43,7 @@ from nexus_pipelines.workqueue.states import (
     RETRY,
     ROLLING_BACK,
     RUNNING,
+    TRANSFERRED,
     WORK_ITEM_PATH,
 )
 
@@ -79,6 +83,19 @@ SELECT kind, work_id, detail FROM (
 ) blockers ORDER BY rank LIMIT 1
 """
 
+# The zero proof, counted in the fence transaction (the blockers above refuse first, naming an
+# item): running items and their active and expired leases, and unfinished items with an
+# attempt that may have dispatched (started_attempts).
+_MEASURED_FIELDS = ("running_items", "active_leases", "expired_leases", "started_attempts")
+_MEASURE = f"""
+SELECT count(*) FILTER (WHERE state = '{RUNNING}'),
+       count(*) FILTER (WHERE state = '{RUNNING}' AND lease_until > now()),
+       count(*) FILTER (WHERE state = '{RUNNING}' AND lease_until <= now()),
+       count(*) FILTER (WHERE attempts > unstarted_attempts)
+  FROM connector_work_items
+ WHERE registration_id = %(reg)s AND revision = %(rev)s AND state IN ('{PENDING}', '{RETRY}', '{RUNNING}')
+"""
+
 _WHAT_TO_DO = {
     "running": "wait for it to finish, then run `queue rollback` again",
     "expired": "its holder may have dispatched it: resume claims (`queue activate`) so it is reclaimed and finished, "
@@ -107,14 +124,33 @@ UPDATE connector_work_items w
  WHERE w.work_id = fenced.work_id
 """
 
+# The fenced items (the fence's own set, after _FENCE_ITEMS).
+_FENCED = f"""
+w.registration_id = %(reg)s AND w.revision = %(rev)s AND w.rollback_fence_id = %(fence)s
+AND w.state = '{AWAITING_LEGACY_OUTCOME}'
+"""
+
+# Work an earlier cutover took from the Event path has a 'transferred' execution with
+# the same work id (it never reached an outcome): it is re-armed under this fence.
+_REARM = f"""
+UPDATE event_executions x
+   SET state = '{PENDING}', rollback_fence_id = %(fence)s, attempts = 0, run_after = now(), start_token = NULL,
+       started_at = NULL, finished_at = NULL, outcome = NULL, failure_class = NULL, failure_summary = NULL,
+       updated_at = now()
+  FROM connector_work_items w
+ WHERE x.work_id = w.work_id AND x.state = '{TRANSFERRED}' AND {_FENCED}
+"""
+
+# Every other fenced item gets its execution (an execution of the same work id in any
+# other state is a unique violation: the hand-over fails closed).
 _HAND_OVER = f"""
 INSERT INTO event_executions (work_id, event_id, work_type, registration_id, revision, queue_class, source_lane_key,
                               target_lane_key, max_attempts, rollback_fence_id)
 SELECT work_id, event_id, work_type, registration_id, revision, queue_class, source_lane_key, target_lane_key,
        max_attempts, rollback_fence_id
-  FROM connector_work_items
- WHERE registration_id = %(reg)s AND revision = %(rev)s AND rollback_fence_id = %(fence)s
-   AND state = '{AWAITING_LEGACY_OUTCOME}'
+  FROM connector_work_items w
+ WHERE {_FENCED}
+   AND NOT EXISTS (SELECT 1 FROM event_executions x WHERE x.work_id = w.work_id AND x.rollback_fence_id = %(fence)s)
  ORDER BY work_id
 """
 
@@ -162,10 +198,19 @@ def fence(conn: Connection, registration_id: str, revision: int, *, recorded_by:
                 f"running (first: {first.claimant_id}, registered until {first.expires_at:%Y-%m-%d %H:%M:%S} UTC); "
                 "wait for them to stop, then run `queue rollback` again"
             )
+        measured = dict(zip(_MEASURED_FIELDS, conn.execute(_MEASURE, params).fetchone()))
+        measured["claim_capable_drains"] = len(drains)
+        if any(measured.values()):
+            counts = ", ".join(f"{k}={v}" for k, v in measured.items() if v)
+            raise RollbackRefused(f"generation {name}: the fence measured {counts}; nothing was fenced: run "
+                                  "`queue rollback` again to see the item that blocks it")
         fenced_items, set_digest = conn.execute(_FENCE_SET, params).fetchone()
         proof = {
-            "running_items": 0, "active_leases": 0, "expired_leases": 0, "started_attempts": 0,
-            "claim_transactions": 0, "claim_capable_drains": 0, "claims_disabled_at": disabled_at.isoformat(),
+            **measured,
+            # no claim or reclaim transaction is in flight: each holds the generation row FOR KEY SHARE,
+            # which the FOR UPDATE taken above waited for
+            "claim_transactions": 0,
+            "claims_disabled_at": disabled_at.isoformat(),
             "fenced_items": fenced_items, "fenced_set_digest": set_digest,
         }
         receipt = write_receipt(conn, registration_id, revision, "rollback_fence", recorded_by, proof)
@@ -179,6 +224,7 @@ def fence(conn: Connection, registration_id: str, revision: int, *, recorded_by:
                 WHERE registration_id = %(reg)s AND revision = %(rev)s""",
             params,
         )
+        conn.execute(_REARM, params)
         conn.execute(_HAND_OVER, params)
         return receipt
 

@@ -117,3 +117,73 @@ def test_generations_and_routes_the_code_location_does_not_know_are_refused(cont
     assert control_conn.execute("SELECT count(*) FROM workqueue_generations WHERE registration_id = %s",
                                 (hostile,)).fetchone() == (0,)
     assert control_conn.execute("SELECT to_regclass('leases')").fetchone() != (None,)
+
+
+def _older_binary_receipt(conn, work_id: int) -> None:
+    """A succeeded LegacyOutcomeReceipt written for `work_id` outside the gates (as an older
+    Event-path binary that kept running would), its execution left as it was."""
+    from nexus_pipelines.workqueue import legacy_outcomes
+
+    row = conn.execute("SELECT event_id, work_type, registration_id, revision, rollback_fence_id FROM event_executions"
+                       " WHERE work_id = %s", (work_id,)).fetchone()
+    with conn.transaction():
+        legacy_outcomes.record(conn, legacy_outcomes.Execution(work_id, *row), "succeeded", token=None, detail={},
+                               recorded_by="older-binary")
+
+
+def test_a_database_guard_refusing_the_recutover_is_one_line(control_conn, control_dsn, reg):
+    reg = registered(control_conn, reg)
+    enqueue(control_conn, reg, items(1, "cli.test"))
+    assert run(control_dsn, "activate", reg, "1").exit_code == 0
+    assert run(control_dsn, "rollback", reg, "1").exit_code == 0
+    (work_id,) = control_conn.execute("SELECT work_id FROM event_executions WHERE registration_id = %s",
+                                      (reg,)).fetchone()
+    _older_binary_receipt(control_conn, work_id)  # its fenced item projects as reconciled; the execution is pending
+
+    line = _one_line_error(run(control_dsn, "recutover", reg, "1"), "re-cutover refused by the database: ")
+    assert line.endswith("cannot be WorkItem-owned while it has unfinished or unconfirmed Event executions; "
+                         f"the cutover was rolled back (`queue activate {reg} 1 --event-path` resumes its Event path)")
+    assert control_conn.execute("SELECT state FROM connector_work_items WHERE work_id = %s", (work_id,)).fetchone() == (
+        "awaiting_legacy_outcome",)
+
+
+def test_a_database_guard_refusing_the_rollback_fence_is_one_line(control_conn, control_dsn, reg):
+    from nexus_pipelines.workqueue import event_path
+    from nexus_pipelines.workqueue.handlers import HandlerRegistry
+
+    reg = registered(control_conn, reg)
+    enqueue(control_conn, reg, items(1, "cli.test"))
+    assert run(control_dsn, "activate", reg, "1").exit_code == 0
+    assert run(control_dsn, "rollback", reg, "1").exit_code == 0
+    event_path.run_event_path(control_dsn, HandlerRegistry({"cli.test": lambda i: "ok"}), reg, 1)
+    enqueue(control_conn, reg, items(1, "cli.test"))  # Event-owned: an execution, handed over at the re-cutover
+    assert run(control_dsn, "recutover", reg, "1").exit_code == 0
+    (transferred,) = control_conn.execute(
+        "SELECT work_id FROM event_executions WHERE registration_id = %s AND state = 'transferred'", (reg,)).fetchone()
+    _older_binary_receipt(control_conn, transferred)
+
+    refused = run(control_dsn, "rollback", reg, "1")
+    line = _one_line_error(refused, "rollback fence refused by the database: ")
+    assert f"event execution {transferred} " in line and "LegacyOutcomeReceipt" in line
+    assert line.endswith(f"nothing was fenced (`queue activate {reg} 1` resumes its claims)")
+    assert control_conn.execute("SELECT state FROM connector_work_items WHERE work_id = %s",
+                                (transferred,)).fetchone() == ("pending",)
+
+
+def test_any_other_database_error_in_a_gate_command_is_a_bug_and_keeps_its_traceback(
+    control_conn, control_dsn, reg, monkeypatch
+):
+    import psycopg
+    import pytest
+
+    from nexus_pipelines.workqueue import rollback
+
+    def broken(*args, **kwargs):
+        raise psycopg.errors.UniqueViolation("duplicate key value violates unique constraint")
+
+    reg = registered(control_conn, reg)
+    enqueue(control_conn, reg, items(1, "cli.test"))
+    assert run(control_dsn, "activate", reg, "1").exit_code == 0
+    monkeypatch.setattr(rollback, "fence", broken)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        run(control_dsn, "rollback", reg, "1")

@@ -107,3 +107,28 @@ def test_legacy_outcome_receipts_are_immutable(control_conn, control_dsn, reg):
                       "DELETE FROM event_executions WHERE registration_id = %(reg)s"):
         with pytest.raises(Refused):
             control_conn.execute(statement, {"reg": reg})
+
+
+def test_a_transferred_execution_comes_back_only_under_the_fence_of_its_work_item(control_conn, control_dsn, reg):
+    from nexus_pipelines.workqueue import event_path
+    from nexus_pipelines.workqueue.handlers import HandlerRegistry
+
+    from .support import recutover
+
+    enqueue(control_conn, reg, items(1))
+    fence = roll_back(control_conn, reg)
+    event_path.run_event_path(control_dsn, HandlerRegistry({"t": lambda item: "ok"}), reg, 1)
+    enqueue_work_items(control_conn, items(1), registration_id=reg, revision=1)
+    (late,) = control_conn.execute(
+        "SELECT work_id FROM event_executions WHERE registration_id = %s AND rollback_fence_id IS NULL", (reg,)
+    ).fetchone()
+    recutover(control_conn, reg)  # its execution is 'transferred', its work item pending
+    rearm = "UPDATE event_executions SET state = 'pending', rollback_fence_id = %s WHERE work_id = %s"
+    for fence_id in (None, fence.receipt_id):  # no fence, or a fence that did not fence its work item
+        with pytest.raises(Refused, match="is transferred"):
+            control_conn.execute(rearm, (fence_id, late))
+    with pytest.raises(Refused, match="transferred and final"):
+        control_conn.execute("UPDATE event_executions SET state = 'started', start_token = 1, started_at = now()"
+                             " WHERE work_id = %s", (late,))
+    assert control_conn.execute("SELECT state FROM event_executions WHERE work_id = %s", (late,)).fetchone() == (
+        "transferred",)

@@ -234,6 +234,21 @@ def test_a_reconciled_row_is_never_reopened_reset_reused_or_duplicated(control_c
     assert effects(control_conn, [work_id]) == {work_id: ("event", 1)}
 
 
+@pytest.mark.parametrize("statement", [
+    "TRUNCATE connector_work_items CASCADE",
+    "TRUNCATE connector_work_items, workqueue_replays",
+])
+def test_work_items_cannot_be_truncated_away_with_their_reconciled_rows(control_conn, control_dsn, reg, statement):
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
+    recutover(control_conn, reg)
+    with pytest.raises(psycopg.errors.IntegrityConstraintViolation, match="connector_work_items"):
+        control_conn.execute(statement)
+    assert _item(control_conn, work_id)[0] == "reconciled_legacy_terminal"
+
+
 def test_a_new_event_with_no_work_item_row_becomes_a_work_item_at_recutover(control_conn, control_dsn, reg):
     enqueue(control_conn, reg, items(1, "t"))
     roll_back(control_conn, reg)
@@ -258,6 +273,63 @@ def test_a_new_event_with_no_work_item_row_becomes_a_work_item_at_recutover(cont
     assert drain(control_dsn, HandlerRegistry({"t": handler}), registration_ids=[reg]).completed == 1
     assert effects(control_conn, [fenced[0], ran[0], new[0]]) == {
         fenced[0]: ("event", 1), ran[0]: ("event", 1), new[0]: ("work_item", 1)}
+
+
+def _executions(conn, reg: str) -> dict[int, tuple]:
+    return {r[0]: r[1:] for r in conn.execute(
+        "SELECT work_id, state, rollback_fence_id, attempts FROM event_executions WHERE registration_id = %s",
+        (reg,)).fetchall()}
+
+
+def test_a_generation_rolls_back_cuts_over_and_rolls_back_again(control_conn, control_dsn, reg):
+    enqueue(control_conn, reg, items(1, "t"))
+    (fenced_first,) = work_ids(control_conn, reg)
+    handler = FencedEffects(control_dsn)
+    registry = HandlerRegistry({"t": handler})
+    first_fence = roll_back(control_conn, reg)
+    event_path.run_event_path(control_dsn, registry, reg, 1)
+    # routed while the Event path owns the generation, not run by it: the cutover hands them over
+    enqueue_work_items(control_conn, items(2, "t"), registration_id=reg, revision=1)
+    ran_as_item, fenced_again = sorted(set(_executions(control_conn, reg)) - {fenced_first})
+    recutover(control_conn, reg)
+    assert drain(control_dsn, registry, registration_ids=[reg], max_items=1).completed == 1
+    assert states(control_conn, reg) == {fenced_first: "reconciled_legacy_terminal", ran_as_item: "completed",
+                                         fenced_again: "pending"}
+
+    second_fence = roll_back(control_conn, reg)
+    assert second_fence.proof["fenced_items"] == 1
+    assert states(control_conn, reg)[fenced_again] == "awaiting_legacy_outcome"
+    assert _executions(control_conn, reg) == {
+        fenced_first: ("succeeded", first_fence.receipt_id, 1),
+        ran_as_item: ("transferred", None, 0),  # its work item ran it: the Event path never does
+        fenced_again: ("pending", second_fence.receipt_id, 0),  # re-armed under the new fence
+    }
+    assert _receipts(control_conn, fenced_again) == []  # it never reached an outcome on the Event path
+
+    # the Event path runs the re-armed work once, and new work arrives while it owns the generation
+    enqueue_work_items(control_conn, items(1, "t"), registration_id=reg, revision=1)
+    (late,) = set(_executions(control_conn, reg)) - {fenced_first, ran_as_item, fenced_again}
+    report = event_path.run_event_path(control_dsn, registry, reg, 1, max_items=1)
+    assert (report.completed, report.reconciled) == (1, 1)
+    ((version, outcome, digest),) = _receipts(control_conn, fenced_again)
+    assert (version, outcome) == (1, "succeeded")
+    assert _item(control_conn, fenced_again) == ("reconciled_legacy_terminal", second_fence.receipt_id, 1, digest,
+                                                 "legacy:succeeded")
+
+    receipt = recutover(control_conn, reg)
+    assert set(receipt.proof["cutover"]["fences"]) == {str(first_fence.receipt_id), str(second_fence.receipt_id)}
+    assert receipt.proof["cutover"]["materialized_work_items"] == 1
+    assert drain(control_dsn, registry, registration_ids=[reg]).completed == 1
+    assert states(control_conn, reg) == {fenced_first: "reconciled_legacy_terminal", ran_as_item: "completed",
+                                         fenced_again: "reconciled_legacy_terminal", late: "completed"}
+    every = [fenced_first, ran_as_item, fenced_again, late]
+    assert effects(control_conn, every) == {fenced_first: ("event", 1), ran_as_item: ("work_item", 1),
+                                            fenced_again: ("event", 1), late: ("work_item", 1)}
+    assert sorted(handler.calls) == sorted([(fenced_first, "event"), (ran_as_item, "work_item"),
+                                            (fenced_again, "event"), (late, "work_item")])
+    assert control_conn.execute(
+        "SELECT count(*), count(DISTINCT (event_id, work_type)) FROM connector_work_items WHERE registration_id = %s",
+        (reg,)).fetchone() == (4, 4)
 
 
 # --- refusals ---------------------------------------------------------------------------------
@@ -373,3 +445,84 @@ def test_recutover_is_refused_while_the_event_path_still_runs(control_conn, cont
     generations.activate(control_conn, reg, 1, recorded_by="op", route_versions={"bulk": 1}, claim_path="event")
     event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
     recutover(control_conn, reg)
+
+
+def _refused_cutover(conn, reg) -> str:
+    """The re-cutover's refusal (one line); nothing changed: the generation is still Event-owned."""
+    with pytest.raises(generations.GenerationGateError) as refused:
+        generations.activate(conn, reg, 1, recorded_by="op", route_versions={"bulk": 1})
+    assert "\n" not in str(refused.value)
+    assert generations.drain_status(conn, reg, 1).claim_path == "event"
+    return str(refused.value)
+
+
+def test_recutover_is_refused_while_the_event_path_scheduler_lease_is_held(control_conn, reg):
+    from nexus_pipelines.control import leases
+
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    held = leases.acquire(control_conn, claims.scheduler_lease_name(reg, 1), "event-executor-a", TTL)
+    generations.quiesce(control_conn, reg, 1, recorded_by="op")
+    line = _refused_cutover(control_conn, reg)
+    assert line.startswith(f"generation {reg}@1: the Event path's scheduler lease is still held by "
+                           "'event-executor-a' (until ") and line.endswith("UTC); wait for it to stop")
+    assert _item(control_conn, work_id)[0] == "awaiting_legacy_outcome"
+    assert leases.release(control_conn, held)
+    assert "still await a terminal legacy outcome" in _refused_cutover(control_conn, reg)  # the next fact
+
+
+def test_recutover_is_refused_while_an_event_execution_was_left_started(control_conn, control_dsn, reg):
+    from nexus_pipelines.control import leases
+
+    enqueue(control_conn, reg, items(1, "t"))
+    (work_id,) = work_ids(control_conn, reg)
+    roll_back(control_conn, reg)
+    # an executor started the attempt under its lease and went away without recording an outcome
+    gone = leases.acquire(control_conn, claims.scheduler_lease_name(reg, 1), "gone", TTL)
+    control_conn.execute(
+        """UPDATE event_executions SET state = 'started', start_token = %s, started_at = now(),
+                  attempts = attempts + 1 WHERE work_id = %s""",
+        (gone.token, work_id),
+    )
+    leases.release(control_conn, gone)
+    generations.quiesce(control_conn, reg, 1, recorded_by="op")
+    assert _refused_cutover(control_conn, reg) == (
+        f"generation {reg}@1: 1 Event executions were left started by a lease holder that is gone; "
+        f"run `queue event-drain {reg} 1` to settle them")
+    assert control_conn.execute("SELECT state FROM event_executions WHERE work_id = %s", (work_id,)).fetchone() == (
+        "started",)
+    # what the refusal says to do settles it (a retry: the budget is not spent), and the next fact blocks
+    report = event_path.run_event_path(control_dsn, HandlerRegistry({"t": FencedEffects(control_dsn)}), reg, 1)
+    assert (report.interrupted, report.stopped) == (1, "not_admitted")
+    assert "still await a terminal legacy outcome" in _refused_cutover(control_conn, reg)
+
+
+@pytest.mark.parametrize("make, measured", [
+    (_running, {"running_items": 1, "active_leases": 1, "started_attempts": 1}),
+    (_expired, {"running_items": 1, "expired_leases": 1, "started_attempts": 1}),
+    (_dispatched_retry, {"started_attempts": 1}),
+], ids=["running", "expired_lease", "started_attempt"])
+def test_the_fence_proof_is_measured_in_the_fence_transaction(control_conn, reg, make, measured, monkeypatch):
+    enqueue(control_conn, reg, items(2, "t"))
+    make(control_conn, reg)
+    rollback.disable_claims(control_conn, reg, 1, recorded_by="op")
+    # were the blockers query to miss the item, the measured proof still refuses the fence
+    monkeypatch.setattr(rollback, "_BLOCKERS", "SELECT NULL, NULL, NULL WHERE false")
+    with pytest.raises(rollback.RollbackRefused) as refused:
+        rollback.fence(control_conn, reg, 1, recorded_by="op")
+    assert ", ".join(f"{k}={v}" for k, v in measured.items()) in str(refused.value)
+    assert "awaiting_legacy_outcome" not in states(control_conn, reg).values()
+    assert generations.drain_status(control_conn, reg, 1).status == "rolling_back"
+
+
+def test_a_fence_receipt_records_the_counts_it_measured(control_conn, reg):
+    enqueue(control_conn, reg, items(2, "t"))
+    fence = roll_back(control_conn, reg)
+    (stored,) = control_conn.execute("SELECT proof FROM workqueue_generation_receipts WHERE receipt_id = %s",
+                                     (fence.receipt_id,)).fetchone()
+    assert stored == fence.proof
+    assert {k: stored[k] for k in ("running_items", "active_leases", "expired_leases", "started_attempts",
+                                   "claim_transactions", "claim_capable_drains", "fenced_items")} == {
+        "running_items": 0, "active_leases": 0, "expired_leases": 0, "started_attempts": 0,
+        "claim_transactions": 0, "claim_capable_drains": 0, "fenced_items": 2}
