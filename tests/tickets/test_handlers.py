@@ -73,3 +73,24 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
     assert raised
     with pool.connection() as conn:
         assert counts(conn, registration)["tickets"] == 0
+
+
+def test_an_issue_closed_at_the_source_changes_no_ticket_authority_and_closes_nothing(pool):
+    """CX-11: provider input carries no authority: a source close is an observation only."""
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="closed-at-source")
+    plant.activate(registration)
+    (ref,) = plant.world.add_issues(1)
+    plant.sync([registration])
+    plant.world.state.update_issue(plant.world.project_id, plant.world._iid(ref), state="closed")
+    plant.world.state.clock.advance(1)
+    plant.sync([registration])
+    with pool.connection() as conn:
+        row = conn.execute(
+            """SELECT t.status, t.triage_state, t.priority, t.source_state,
+                      (SELECT count(*) FROM ticket_close_commands c WHERE c.ticket_id = t.ticket_id),
+                      (SELECT count(*) FROM ticket_observations o WHERE o.ticket_id = t.ticket_id)
+                 FROM tickets t JOIN ticket_custody_links l USING (ticket_id)
+                WHERE l.tenant = %s AND l.registration_key = %s""",
+            (registration.tenant, registration.key)).fetchone()
+    assert row == ("open", "UNTRIAGED", "P2", "closed", 0, 2)
