@@ -15,9 +15,13 @@ later than the provider time at which this scan began, and the boundary second i
 again whether GitHub's `since` is inclusive or not. The overlap writes nothing
 (receipts dedupe by version).
 
-`etag` is the first page's ETag of the last scan that started at this same `since`:
-the next scan sends it as `If-None-Match`, and a 304 (free of rate limit) ends an
-unchanged poll after one call. `n` grows with every page, so the token always advances.
+`etag` is the ETag of the last scan's first page, kept only when that page was the
+whole scan (it had no `rel="next"`) and the next scan starts at the same `since`: the
+next scan sends it as `If-None-Match`, and a 304 (free of rate limit) ends an unchanged
+poll after one call. A scan of several pages keeps none: its first page can stay
+unchanged while later pages change (a tie run longer than a page keeps the next scan's
+`since`, and updates land on later pages), so a 304 there would hide them forever.
+`n` grows with every page, so the token always advances.
 """
 
 from __future__ import annotations
@@ -77,11 +81,11 @@ class GitHubCursor:
                    next_link: str | None) -> GitHubCursor:
         """The token after one page of this scan (the scan ends when `next_link` is None)."""
         scan_from = self.scan_from if not self.at_scan_start else served
-        first_etag = etag if self.at_scan_start else self.etag
         hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
         if next_link is not None:
-            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=first_etag, next=next_link)
-        return self._next_scan(scan_from, hwm, first_etag)
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=None, next=next_link)
+        # a 304 to the first page proves nothing changed only when that page was the whole scan
+        return self._next_scan(scan_from, hwm, etag if self.at_scan_start else None)
 
     def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
         since = next_scan_since(self.since, _whole_second(hwm), _whole_second(scan_from), SCAN_OVERLAP)
