@@ -56,9 +56,10 @@ class GitHubWorld(SimulatorWorld):
     route = staticmethod(GitHubSimulator.route)
 
     def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
-                 clock: SimClock | None = None) -> None:
+                 clock: SimClock | None = None, issue_paging: str = "after") -> None:
         self.private_key, public_key = key_pair or shared_key_pair()
         self.state = GitHubState(clock or SimClock(datetime.now(UTC).replace(microsecond=0)))
+        self.state.issue_paging = issue_paging  # "page": the listing links page numbers only
         self.repository_id = repository_id
         self.state.add_app(APP_ID, public_key)
         self.state.add_repository(repository_id, "acme", f"platform-{repository_id}")

@@ -44,8 +44,10 @@ class GitLabWorld(SimulatorWorld):
     route = staticmethod(GitLabSimulator.route)
     fault = staticmethod(_fault)
 
-    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd") -> None:
+    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd",
+                 keyset_for_issues: bool = True) -> None:
         self.state = GitLabState(SimClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC)))
+        self.state.keyset_for_issues = keyset_for_issues  # False: issues come in offset pages
         self.project_id = project_id
         self.state.add_project(project_id, "acme/platform")
         self.state.add_token(token, project_id, scopes=("api",))
