@@ -91,6 +91,9 @@ class GitLabWorld(SimulatorWorld):
         self.state.update_issue(self.project_id, self._iid(external_ref), title=title)
         self.state.clock.advance(0.001)
 
+    def delete_issue(self, external_ref: str) -> None:
+        del self.state.projects[self.project_id].issues[self._iid(external_ref)]
+
     def add_excluded_item(self) -> None:
         self.state.add_issue(self.project_id, title="A task, not an issue", issue_type="task")
         self.state.clock.advance(0.001)
