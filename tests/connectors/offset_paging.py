@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import timedelta
 from urllib.parse import parse_qs, urlsplit
 
 from nexus_pipelines.connectors.core.values import FetchIssuePage
@@ -39,6 +40,20 @@ def spaced(world, count: int, *, title: str = "Issue") -> list[str]:
 def first_page(world, adapter, page_size: int = 10):
     page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=page_size))
     return page
+
+
+def first_page_then_next_request(world, offsets: list[timedelta], page_size: int = 10):
+    """Issues updated at `offsets` after an hour ago, a first page of `page_size`, and the one
+    listing request the next invocation sends: (that hour-ago start, the page, the request)."""
+    start = world.state.clock.now() - timedelta(hours=1)
+    for n, offset in enumerate(offsets):
+        world.add_issue_at(start + offset, title=f"Issue {n}")
+    adapter = world.adapter()
+    first = first_page(world, adapter, page_size)
+    world.clear_requests()
+    executor().fetch(adapter, FetchIssuePage(cursor=first.next_cursor, page_size=page_size))
+    (request,) = [r for r, (operation, _) in zip(world.transport.requests, world.requests()) if operation == "list"]
+    return start, first, request
 
 
 def versions(issues) -> set[tuple[str, str, object]]:

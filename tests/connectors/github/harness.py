@@ -123,6 +123,9 @@ class GitHubWorld(SimulatorWorld):
         self.state.update_issue(self.repository_id, self._number(external_ref), title=title)
         self.state.clock.advance(0.001)
 
+    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
+        return self._ref(self.state.add_issue(self.repository_id, title=title, updated_at=updated_at).number)
+
     def delete_issue(self, external_ref: str) -> None:
         del self.state.repositories[self.repository_id].issues[self._number(external_ref)]
 

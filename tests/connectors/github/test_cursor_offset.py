@@ -7,8 +7,13 @@ import pytest
 
 from nexus_pipelines.connectors.github.cursor import GitHubCursor, format_time
 from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
-from tests.connectors.github.test_adapter import fetch, query_of
+from tests.connectors.github.test_adapter import query_of
+from tests.connectors.offset_paging import first_page_then_next_request
 from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for GitHub
+
+
+def seconds(values):
+    return [timedelta(seconds=v) for v in values]
 
 
 @pytest.fixture
@@ -16,25 +21,13 @@ def world():
     return GitHubWorld(issue_paging="page", on_sim_clock=True)
 
 
-def _page_then_next_request(world, seconds):
-    start = world.state.clock.now() - timedelta(hours=1)
-    for n, second in enumerate(seconds):
-        world.state.add_issue(REPOSITORY_ID, title=f"Issue {n}", updated_at=start + timedelta(seconds=second))
-    adapter = world.adapter()
-    first = fetch(adapter, page_size=10)
-    world.clear_requests()
-    fetch(adapter, first.next_cursor, page_size=10)
-    (request,) = world.transport.requests
-    return start, first, request
-
-
 def test_a_page_two_whole_seconds_wide_is_a_tie_walk_that_follows_the_page_link(world):
-    _, first, request = _page_then_next_request(world, [0] * 5 + [1] * 6)
+    _, first, request = first_page_then_next_request(world, seconds([0] * 5 + [1] * 6))
     assert not first.exhausted and query_of(request)["page"] == "2"
 
 
 def test_a_wider_page_reanchors_at_a_fresh_first_page_from_its_last_second_minus_one(world):
-    start, first, request = _page_then_next_request(world, [0] * 5 + [2] * 6)
+    start, first, request = first_page_then_next_request(world, seconds([0] * 5 + [2] * 6))
     query = query_of(request)
     assert not first.exhausted and "page" not in query and "If-None-Match" not in request.headers
     assert request.url.path == f"/repositories/{REPOSITORY_ID}/issues"  # rename-safe

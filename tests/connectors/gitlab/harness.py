@@ -91,6 +91,9 @@ class GitLabWorld(SimulatorWorld):
         self.state.update_issue(self.project_id, self._iid(external_ref), title=title)
         self.state.clock.advance(0.001)
 
+    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
+        return self._ref(self.state.add_issue(self.project_id, title=title, updated_at=updated_at).iid)
+
     def delete_issue(self, external_ref: str) -> None:
         del self.state.projects[self.project_id].issues[self._iid(external_ref)]
 

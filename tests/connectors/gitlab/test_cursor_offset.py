@@ -7,8 +7,13 @@ import pytest
 
 from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor, format_time
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.connectors.gitlab.test_adapter import fetch, query_of
+from tests.connectors.gitlab.test_adapter import query_of
+from tests.connectors.offset_paging import first_page_then_next_request
 from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for GitLab
+
+
+def milliseconds(values):
+    return [timedelta(milliseconds=v) for v in values]
 
 
 @pytest.fixture
@@ -16,24 +21,13 @@ def world():
     return GitLabWorld(keyset_for_issues=False)
 
 
-def _page_then_next_request(world, offsets_ms):
-    start = world.state.clock.now() - timedelta(hours=1)
-    for n, offset in enumerate(offsets_ms):
-        world.state.add_issue(PROJECT_ID, title=f"Issue {n}", updated_at=start + timedelta(milliseconds=offset))
-    first = fetch(world, page_size=10)
-    world.clear_requests()
-    fetch(world, first.next_cursor, page_size=10)
-    (request,) = world.transport.requests
-    return start, first, request
-
-
 def test_a_page_at_one_instant_is_a_tie_walk_that_follows_the_page_link(world):
-    _, first, request = _page_then_next_request(world, [5] * 11)
+    _, first, request = first_page_then_next_request(world, milliseconds([5] * 11))
     assert not first.exhausted and query_of(request)["page"] == "2"
 
 
 def test_a_page_one_millisecond_wide_reanchors_at_a_fresh_first_page_from_its_last_item(world):
-    start, first, request = _page_then_next_request(world, [0] * 9 + [1] * 2)
+    start, first, request = first_page_then_next_request(world, milliseconds([0] * 9 + [1] * 2))
     query = query_of(request)
     assert not first.exhausted and "page" not in query
     assert request.url.path == f"/api/v4/projects/{PROJECT_ID}/issues"
