@@ -30,7 +30,9 @@ GitHub pages this listing in one of two ways, told apart by the next link:
   or deleted between two requests shifts the rest back one position, and the issue
   that moves onto the page already read (one of the run, or the first one after it)
   is skipped by this scan; the next scan reads it only if it is not older than its
-  start.
+  start. A tie run of 1,000 or more cannot be walked by page number at all (GitHub
+  refuses pages that deep with 422; the scan restarts at the run and never gets past
+  it): only `after=` links get through such a run.
 
 GitHub times are whole seconds and `since` is second-granular, so the next scan starts
 a whole second before min(hwm, from), never before `since`: never later than the
