@@ -4,8 +4,9 @@ and reconciliation.
 Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=updated&direction=asc&per_page=N`
 with `since` (whole seconds), then the `Link rel="next"` URLs exactly as given, except
 that on page-number pages a scan re-anchors at a fresh first page instead of following a
-link that could skip an issue (`cursor.py`); one listing request per invocation. Every item with a `pull_request` key is a pull request:
-skipped and counted as excluded, while the cursor still moves past it. Identity:
+link that could skip an issue (`cursor.py`); one listing request per invocation. Every
+item with a `pull_request` key is a pull request: skipped and counted as excluded, while
+the cursor still moves past it. Identity:
 `github:<repository id>:<number>`; the owner/name in the URL is the one GitHub reported
 for the repository id when the token was minted (the token is narrowed to that id, so
 a reused name can never be read under this repository's identity).
