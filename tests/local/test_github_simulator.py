@@ -148,6 +148,26 @@ def test_pages_are_an_after_keyset_over_ties_and_deep_page_numbers_are_refused(s
     assert deep.status_code == 422 and deep.json()["message"] == DEEP_PAGE_MESSAGE
 
 
+def test_page_number_mode_links_pages_only_and_an_update_shifts_later_rows_back(state, client):
+    authed(client)
+    state.issue_paging = "page"
+    seed(state, 25, step_s=60)
+    params = {"state": "all", "sort": "updated", "direction": "asc", "per_page": 10}
+    first = client.get("/repos/acme/app/issues", params=params)
+    links = dict((rel.split('"')[1], url.strip(" <>")) for url, rel in
+                 (part.split(";") for part in first.headers["Link"].split(",")))
+    assert set(links) == {"next", "last"} and "after=" not in first.headers["Link"]
+    assert "page=2" in links["next"] and "page=3" in links["last"] and "since" not in links["next"]
+    assert "sort=updated" in links["next"] and "/repositories/10/issues" in links["next"]
+    state.update_issue(10, 2, updated_at=START + timedelta(days=1))  # already read: moves to the end
+    second = client.get(links["next"])
+    assert [i["number"] for i in second.json()][0] == 12  # 11 shifted back onto page 1: skipped
+    assert 'rel="prev"' in second.headers["Link"] and 'rel="first"' in second.headers["Link"]
+    last = client.get(links["last"])
+    assert "next" not in last.headers["Link"] and [i["number"] for i in last.json()][-1] == 2
+    assert "Link" not in client.get("/repos/acme/app/issues", params={**params, "per_page": 100}).headers
+
+
 def test_an_unchanged_listing_answers_304_to_its_etag_without_spending_the_rate_limit(state, client):
     authed(client)
     state.primary = PrimaryLimit(limit=10)

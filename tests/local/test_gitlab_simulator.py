@@ -71,6 +71,22 @@ def test_keyset_pages_link_next_only_and_refuse_unsupported_orders(state, client
     assert refused.status_code == 405
 
 
+def test_without_keyset_for_issues_pagination_keyset_is_ignored_and_offset_pages_come_back(state, client):
+    state.keyset_for_issues = False
+    seed(state, 5, step_ms=60_000)
+    params = {"pagination": "keyset", "order_by": "updated_at", "sort": "asc", "per_page": 2}
+    first = client.get("/projects/1/issues", params=params)
+    assert [i["iid"] for i in first.json()] == [1, 2]
+    assert (first.headers["x-page"], first.headers["x-next-page"], first.headers["x-prev-page"],
+            first.headers["x-per-page"], first.headers["x-total"]) == ("1", "2", "", "2", "5")
+    nxt = first.headers["Link"].split(",")[0].split(";")[0].strip(" <>")
+    assert "page=2" in nxt and "cursor=" not in nxt and 'rel="next"' in first.headers["Link"]
+    state.update_issue(1, 1, updated_at=START + timedelta(days=1))  # already read: moves to the end
+    assert [i["iid"] for i in client.get(nxt).json()] == [4, 5]  # 3 shifted back onto page 1: skipped
+    last = client.get("/projects/1/issues", params={**params, "page": 3})
+    assert last.headers["x-next-page"] == "" and 'rel="next"' not in last.headers["Link"]
+
+
 @pytest.mark.parametrize("params, field", [
     ({"order_by": "size"}, "order_by"), ({"sort": "up"}, "sort"), ({"per_page": "0"}, "per_page"),
     ({"updated_after": "yesterday"}, "updated_after"), ({"state": "open"}, "state"),

@@ -2,9 +2,11 @@
 and reconciliation.
 
 Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=updated&direction=asc&per_page=N`
-with `since` (whole seconds), then the `Link rel="next"` URLs exactly as given; one
-listing request per invocation. Every item with a `pull_request` key is a pull request:
-skipped and counted as excluded, while the cursor still moves past it. Identity:
+with `since` (whole seconds), then the `Link rel="next"` URLs exactly as given, except
+that on page-number pages a scan re-anchors at a fresh first page instead of following a
+link that could skip an issue (`cursor.py`); one listing request per invocation. Every
+item with a `pull_request` key is a pull request: skipped and counted as excluded, while
+the cursor still moves past it. Identity:
 `github:<repository id>:<number>`; the owner/name in the URL is the one GitHub reported
 for the repository id when the token was minted (the token is narrowed to that id, so
 a reused name can never be read under this repository's identity).
@@ -110,6 +112,13 @@ def _lax(model: type[BaseModel], data: object) -> BaseModel:
     return model.model_validate(data, strict=False) if isinstance(data, dict) else model.model_validate(data)
 
 
+def _first_page_params(since: datetime | None, page_size: int) -> dict:
+    params = {"state": "all", "sort": "updated", "direction": "asc", "per_page": page_size}
+    if since is not None:
+        params["since"] = format_time(since)
+    return params
+
+
 class GitHubConnector:
     """One composed GitHub registration: its pinned config, the App key and the current
     installation token, both in process memory only."""
@@ -212,18 +221,21 @@ class GitHubConnector:
             return ExternalIssuePage(issues=(), next_cursor=cursor.restarted().encode(), exhausted=False)
         if response.status_code != 200:
             return fetch_failure(status_problem(response, "listing issues", self._clock))
-        return self._page(response, cursor)
+        return self._page(response, cursor, request.page_size)
 
     def _listing(self, cursor: GitHubCursor, page_size: int) -> tuple[str, dict | None, dict]:
         if not cursor.at_scan_start:
             return f"{self._origin}{cursor.next}", None, {}
-        params = {"state": "all", "sort": "updated", "direction": "asc", "per_page": page_size}
-        if cursor.since is not None:
-            params["since"] = format_time(cursor.since)
         headers = {"If-None-Match": cursor.etag} if cursor.etag else {}
-        return f"{self._repo_path()}/issues", params, headers
+        return f"{self._repo_path()}/issues", _first_page_params(cursor.since, page_size), headers
 
-    def _page(self, response: httpx.Response, cursor: GitHubCursor) -> FetchIssuePageResult:
+    def _first_page_path(self, page_size: int) -> Callable[[datetime], str]:
+        """The path of the listing's first page from a `since`, under the immutable repository id
+        (where GitHub's own links point), for a scan that re-anchors on page-number pages."""
+        base = httpx.URL(f"{self._origin}{self._prefix}/repositories/{self._config.repository_id}/issues")
+        return lambda since: base.copy_with(params=_first_page_params(since, page_size)).raw_path.decode("ascii")
+
+    def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
         try:
             raw = _ITEMS.validate_json(response.content)
             items = [(_lax(_Item, d), "pull_request" in d, d) for d in raw]
@@ -250,9 +262,9 @@ class GitHubConnector:
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail="the next-page link points outside the configured API")
             link = parsed.raw_path.decode("ascii")
-        page_max = max((item.updated_at for item, _, _ in items), default=None)
-        token = cursor.after_page(page_max=page_max, served=served_at(response), etag=response.headers.get("ETag"),
-                                  next_link=link).encode()
+        token = cursor.after_page(updated=[item.updated_at for item, _, _ in items], served=served_at(response),
+                                  etag=response.headers.get("ETag"), next_link=link,
+                                  first_page=self._first_page_path(page_size)).encode()
         if len(token) > CURSOR_MAX_CHARS:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")

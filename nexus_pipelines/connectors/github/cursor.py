@@ -2,36 +2,67 @@
 
 `gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>;next=<path?query>`
 
-A scan lists `state=all&sort=updated&direction=asc` from the inclusive lower bound
-`since` and walks GitHub's `Link rel="next"` URLs exactly as given (`next`). GitHub
-pages this listing by an opaque `after=` keyset over (updated time, issue id): the
-immutable id breaks ties, so a page boundary inside a run of equal `updated_at` values
-skips nothing, and an issue updated mid-scan moves past the position and is read again
-later in the same scan. `from` is GitHub's `Date` when the scan's first page was served
-and `hwm` the newest `updated_at` the scan saw (pull requests included: the cursor
-advances past what it skips). GitHub times are whole seconds and `since` is
-second-granular, so the next scan starts a whole second before min(hwm, from): never
-later than the provider time at which this scan began, and the boundary second is read
-again whether GitHub's `since` is inclusive or not. The overlap writes nothing
-(receipts dedupe by version).
+A scan lists `state=all&sort=updated&direction=asc` from the lower bound `since` and
+walks GitHub's `Link rel="next"` URLs exactly as given (`next`); page numbers are never
+built and never stored as the durable position. `from` is GitHub's `Date` when the
+scan's first page was served and `hwm` the newest `updated_at` the scan saw (pull
+requests included: the cursor advances past what it skips).
 
-`etag` is the first page's ETag of the last scan that started at this same `since`:
-the next scan sends it as `If-None-Match`, and a 304 (free of rate limit) ends an
-unchanged poll after one call. `n` grows with every page, so the token always advances.
+GitHub pages this listing in one of two ways, told apart by the next link:
+
+* **Keyset** (the link carries `after=`, GitHub's opaque cursor over (updated time,
+  issue id)): the immutable id breaks ties, so a page boundary inside a run of equal
+  `updated_at` values skips nothing, and an issue updated mid-scan moves past the
+  position and is read again later in the same scan. The link is followed as given.
+* **Page numbers** (any other link, e.g. `page=2`, the form GitHub's pagination guide
+  shows for this listing): an update or deletion between two requests shifts later
+  items back one position, so following the link would skip one issue older than
+  `hwm`, for good. The scan re-anchors instead (`scan_cursor.reanchor`): when the page's
+  first item is older than its last item's whole second minus one second, `next`
+  becomes the listing's first page (under `/repositories/<id>/issues`, the same
+  parameters as a scan start, no `If-None-Match`) with `since` at that bound, and
+  `since` becomes the anchor; everything before it was read from consistent first
+  pages, and the scan goes on at once (it is not exhausted). The anchor strictly
+  increases, so the chain of first pages ends; it costs about one re-read boundary
+  item per page. A page wholly inside that two-second window is a tie run of at least a
+  page: a first page from its bound would be the same page, so the page link is
+  followed (a tie walk). Residual limit: during a tie walk, an issue of the run updated
+  or deleted between two requests shifts the rest back one position, and the issue
+  that moves onto the page already read (one of the run, or the first one after it)
+  is skipped by this scan; the next scan reads it only if it is not older than its
+  start. A tie run of 1,000 or more cannot be walked by page number at all (GitHub
+  refuses pages that deep with 422; the scan restarts at the run and never gets past
+  it): only `after=` links get through such a run.
+
+GitHub times are whole seconds and `since` is second-granular, so the next scan starts
+a whole second before min(hwm, from), never before `since`: never later than the
+provider time at which this scan began, and the boundary second is read again whether
+GitHub's `since` is inclusive or not. The overlap writes nothing (receipts dedupe by
+version).
+
+`etag` is the ETag of the last scan's first page, kept only when that page was the
+whole scan (it had no `rel="next"`) and the next scan starts at the same `since`: the
+next scan sends it as `If-None-Match`, and a 304 (free of rate limit) ends an unchanged
+poll after one call. A scan of several pages keeps none: its first page can stay
+unchanged while later pages change (a tie run longer than a page keeps the next scan's
+`since`, and updates land on later pages), so a 304 there would hide them forever.
+`n` grows with every page, so the token always advances.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, next_scan_since, parse_time, reanchor
 from nexus_pipelines.connectors.scan_cursor import format_time as format_seconds
 
 PREFIX = "gh1"
 _FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+);next=(.+)$")
 SCAN_OVERLAP = timedelta(seconds=1)
+KEYSET_PARAM = "after"  # a next link without it is a page-number (offset) link
 
 
 def format_time(value: datetime | None) -> str:
@@ -41,6 +72,12 @@ def format_time(value: datetime | None) -> str:
 
 def _whole_second(value: datetime | None) -> datetime | None:
     return None if value is None else value.astimezone(UTC).replace(microsecond=0)
+
+
+def boundary(last: datetime) -> datetime:
+    """The `since` that asks for `last` again whether GitHub's `since` is inclusive or not:
+    its whole second minus one."""
+    return _whole_second(last) - timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -73,15 +110,22 @@ class GitHubCursor:
     def at_scan_start(self) -> bool:
         return self.next is None
 
-    def after_page(self, *, page_max: datetime | None, served: datetime | None, etag: str | None,
-                   next_link: str | None) -> GitHubCursor:
-        """The token after one page of this scan (the scan ends when `next_link` is None)."""
+    def after_page(self, *, updated: Sequence[datetime], served: datetime | None, etag: str | None,
+                   next_link: str | None, first_page: Callable[[datetime], str]) -> GitHubCursor:
+        """The token after one page of this scan, whose items (pull requests included) have
+        the `updated` times in page order; the scan ends when `next_link` is None.
+        `first_page(since)` is the path of the listing's first page from `since`."""
         scan_from = self.scan_from if not self.at_scan_start else served
-        first_etag = etag if self.at_scan_start else self.etag
-        hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
+        hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
+        anchor = reanchor(next_link, updated[0] if updated else None, updated[-1] if updated else None,
+                          keyset_param=KEYSET_PARAM, boundary=boundary)
+        if anchor is not None:  # an offset page: go on from a fresh first page, never skip
+            return replace(self, seq=self.seq + 1, since=anchor, scan_from=scan_from, hwm=hwm, etag=None,
+                           next=first_page(anchor))
         if next_link is not None:
-            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=first_etag, next=next_link)
-        return self._next_scan(scan_from, hwm, first_etag)
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=None, next=next_link)
+        # a 304 to the first page proves nothing changed only when that page was the whole scan
+        return self._next_scan(scan_from, hwm, etag if self.at_scan_start else None)
 
     def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
         since = next_scan_since(self.since, _whole_second(hwm), _whole_second(scan_from), SCAN_OVERLAP)

@@ -131,6 +131,13 @@ def _status_problem(response: httpx.Response, what: str) -> Problem:
     return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
 
 
+def _first_page_params(since: datetime | None, page_size: int) -> dict:
+    params = {"pagination": "keyset", "order_by": "updated_at", "sort": "asc", "per_page": page_size}
+    if since is not None:
+        params["updated_after"] = format_time(since)
+    return params
+
+
 class GitLabConnector:
     """One composed GitLab registration: its pinned config and process-local token."""
 
@@ -139,6 +146,7 @@ class GitLabConnector:
         self._project = config.project_id
         self._origin = origin_of(config.base_url)
         self._prefix = httpx.URL(config.base_url).path.rstrip("/") + "/api/v4"
+        self._listing = f"{self._prefix}/projects/{self._project}/issues"
         self._http = make_client(
             config.base_url, transport=context.transport, counter=context.counter,
             auth=HeaderTokenAuth("PRIVATE-TOKEN", token.get_secret_value),
@@ -164,10 +172,7 @@ class GitLabConnector:
         if cursor.next is not None:
             url, params = f"{self._origin}{cursor.next}", None
         else:
-            url = f"{self._prefix}/projects/{self._project}/issues"
-            params = {"pagination": "keyset", "order_by": "updated_at", "sort": "asc", "per_page": request.page_size}
-            if cursor.since is not None:
-                params["updated_after"] = format_time(cursor.since)
+            url, params = self._listing, _first_page_params(cursor.since, request.page_size)
         try:
             response = self._http.get(url, params=params, timeout=timeout, extensions={ENDPOINT: "list_issues"})
         except Exception as exc:  # noqa: BLE001 - every transport failure is classified
@@ -206,8 +211,12 @@ class GitLabConnector:
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail="the next-page link points to another origin")
             link = parsed.raw_path.decode("ascii")
-        page_max = max((i.updated_at for i in raw), default=None)
-        token = cursor.after_page(page_max=page_max, served_at=served_at(response), next_link=link).encode()
+        base = httpx.URL(f"{self._origin}{self._listing}")
+        token = cursor.after_page(
+            updated=[i.updated_at for i in raw], served_at=served_at(response), next_link=link,
+            first_page=lambda since: base.copy_with(params=_first_page_params(since, request.page_size))
+            .raw_path.decode("ascii"),
+        ).encode()
         if len(token) > 1024:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link is too long for a cursor token")

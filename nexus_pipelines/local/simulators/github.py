@@ -14,11 +14,15 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
 * Issues: `GET /repos/{owner}/{repo}/issues` (and `/repositories/{id}/issues`, where
   GitHub's own links point) with `state` (default open), `sort` (default created),
   `direction` (default desc), `since` (updated after), `per_page` (default 30, at most
-  100); pull requests come back in the list with a `pull_request` key; pages are an
-  opaque `after=` keyset over (sort value, id) given in `Link rel="next"`, and a page
-  number deep in a listing (`page` without `after`, 1,000 rows or more in) is refused
-  with 422 as GitHub does; every listing has an ETag and `If-None-Match` gets a 304
-  that costs no rate limit. Timestamps are whole seconds.
+  100); pull requests come back in the list with a `pull_request` key. Pages: by
+  default an opaque `after=` keyset over (sort value, id) given in `Link rel="next"`
+  (as GitHub pages large listings); with `GitHubState.issue_paging = "page"` the
+  `Link` header carries page numbers only (`page=N` with `rel="next"`, `"last"`,
+  `"first"`, `"prev"`, the form GitHub's pagination guide shows for this listing), so
+  an update or deletion between two requests shifts later rows back one position. A
+  page number deep in a listing (`page` without `after`, 1,000 rows or more in) is
+  refused with 422 as GitHub does; every listing has an ETag and `If-None-Match` gets
+  a 304 that costs no rate limit. Timestamps are whole seconds.
 * Comments (ascending id, page-numbered `Link` pages) and their creation (a comment
   touches the issue's `updated_at`), `PATCH` of an issue's `state`/`state_reason`.
 * A renamed repository: its old `/repos/{owner}/{name}` answers 301 to GET and 307 to
@@ -177,6 +181,7 @@ class GitHubState:
         self.repositories: dict[int, Repository] = {}
         self.tokens: dict[str, Token] = {}
         self.faults = FaultQueue()
+        self.issue_paging = "after"  # "after": keyset links; "page": page-number links only
         self.primary: PrimaryLimit | None = None
         self.secondary: SecondaryLimit | None = None
         self.calls: Counter[str] = Counter()
@@ -388,6 +393,21 @@ def _whole(value: str | None, default: int) -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+
+
+def _page_links(base: str, params: dict[str, Any], page: int, pages: int) -> dict[str, str]:
+    """GitHub's page-number `Link` header (none when everything fits on one page)."""
+    def link(number: int, rel: str) -> str:
+        return f'<{base}?{urlencode({**params, "page": number})}>; rel="{rel}"'
+
+    links = []
+    if page > 1:
+        links.append(link(page - 1, "prev"))
+    if page < pages:
+        links += [link(page + 1, "next"), link(pages, "last")]
+    if page > 1:
+        links.append(link(1, "first"))
+    return {"Link": ", ".join(links)} if links else {}
 
 
 def _position(issue: Issue, sort: str) -> tuple[int, int]:
@@ -630,12 +650,16 @@ class Endpoints:
         else:
             rows = rows[(page - 1) * per_page:]
         chunk = rows[:per_page]
+        kept = {k: v[-1] for k, v in self.request.query.items() if k not in ("after", "before", "page")}
+        base = f"{self.api}/repositories/{self.repo.id}/issues"
         headers = {}
-        if len(rows) > per_page:
-            kept = {k: v[-1] for k, v in self.request.query.items() if k not in ("after", "before", "page")}
+        if self.state.issue_paging == "page" and not after:
+            total_pages = max((page - 1) + (len(rows) + per_page - 1) // per_page, 1)
+            headers = _page_links(base, {**kept, "per_page": per_page}, page, total_pages)
+        elif len(rows) > per_page:
             query = urlencode({**kept, "per_page": per_page, "after": _encode_position(_position(chunk[-1], sort)),
                                "page": page + 1})
-            headers["Link"] = f'<{self.api}/repositories/{self.repo.id}/issues?{query}>; rel="next"'
+            headers["Link"] = f'<{base}?{query}>; rel="next"'
         return self._conditional(200, [issue_payload(i, self.repo, self.api) for i in chunk], headers)
 
     def _conditional(self, status: int, payload: Any, headers: dict[str, str]) -> SimResponse:

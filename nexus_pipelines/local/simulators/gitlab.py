@@ -2,7 +2,9 @@
 
 Modelled on GitLab's documentation: project issues (offset pagination with `x-next-page`
 empty on the last page, `x-total`/`x-total-pages` and the `last` link dropped above
-10,000 rows; keyset pagination with `pagination=keyset` and a `Link rel="next"` only),
+10,000 rows; keyset pagination with `pagination=keyset` and a `Link rel="next"` only,
+unless `GitLabState.keyset_for_issues` is False: then, like a GitLab that does not offer
+keyset pagination for issues, `pagination=keyset` is ignored and offset pages come back),
 `updated_after`/`updated_before` inclusive, `order_by` defaulting to `created_at` and
 `sort` to `desc`, `per_page` capped at 100, notes (list with `sort`/`order_by`, create
 with a required body of at most 1,000,000 characters; a note touches the issue's
@@ -123,6 +125,7 @@ class GitLabState:
         self.tokens: dict[str, AccessToken] = {}
         self.faults = FaultQueue()
         self.rate_limit: RateLimit | None = None
+        self.keyset_for_issues = True  # False: `pagination=keyset` is ignored, issues come in offset pages
         self.note_rate_limit: RateLimit | None = None  # application limit on note creation
         self._window: dict[tuple[str, str, int], int] = Counter()
         self._ids = itertools.count(1000)
@@ -390,7 +393,7 @@ class GitLabSimulator(Simulator):
         issues = [i for i in project.issues.values() if _matches(i, state_filter, issue_type, bounds)]
         issues.sort(key=key, reverse=sort == "desc")
         base = f"{request.base_url}{request.path}"
-        if request.param("pagination") == "keyset":
+        if request.param("pagination") == "keyset" and self.state.keyset_for_issues:
             if order_by not in KEYSET_ORDERS:
                 return SimResponse.json(405, {"error": "Keyset pagination is not yet available for this type of "
                                                        "request"})

@@ -11,13 +11,17 @@ is not part of).
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from datetime import UTC, datetime, timedelta
 
 import httpx
 
 from nexus_pipelines.connectors.core.compose import compose
 from nexus_pipelines.connectors.core.registration import Registration, parse_registration
-from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.registry import ComposeContext, ConnectorRegistry
+from nexus_pipelines.connectors.github import SPEC
+from nexus_pipelines.connectors.github.adapter import build
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
 from nexus_pipelines.local.simulators.gitlab import SimClock
@@ -40,6 +44,10 @@ def primary_limit_headers(reset_epoch: int) -> dict[str, str]:
             "x-ratelimit-reset": str(reset_epoch), "x-ratelimit-resource": "core"}
 
 
+def _on_clock(clock) -> ConnectorRegistry:
+    return ConnectorRegistry([dataclasses.replace(SPEC, build=functools.partial(build, clock=clock))])
+
+
 class _Switch(httpx.BaseTransport):
     """Forwards to `inner`, which the world swaps once composition is done."""
 
@@ -56,9 +64,12 @@ class GitHubWorld(SimulatorWorld):
     route = staticmethod(GitHubSimulator.route)
 
     def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
-                 clock: SimClock | None = None) -> None:
+                 clock: SimClock | None = None, issue_paging: str = "after", on_sim_clock: bool = False) -> None:
         self.private_key, public_key = key_pair or shared_key_pair()
         self.state = GitHubState(clock or SimClock(datetime.now(UTC).replace(microsecond=0)))
+        self.state.issue_paging = issue_paging  # "page": the listing links page numbers only
+        # the adapter's own clock is the simulator's, for worlds that move time by hours
+        self.registry = _on_clock(lambda: self.state.clock.now().timestamp()) if on_sim_clock else REGISTRY
         self.repository_id = repository_id
         self.state.add_app(APP_ID, public_key)
         self.state.add_repository(repository_id, "acme", f"platform-{repository_id}")
@@ -86,7 +97,7 @@ class GitHubWorld(SimulatorWorld):
 
     def adapter(self, registration: Registration | None = None, transport: httpx.BaseTransport | None = None):
         route = _Switch(self.transport)
-        adapter = compose(registration or self.registration(), REGISTRY, ComposeContext(transport=route),
+        adapter = compose(registration or self.registration(), self.registry, ComposeContext(transport=route),
                           environ=self.environ)
         route.inner = transport or self.transport
         return adapter
@@ -111,6 +122,12 @@ class GitHubWorld(SimulatorWorld):
     def update_issue(self, external_ref: str, *, title: str) -> None:
         self.state.update_issue(self.repository_id, self._number(external_ref), title=title)
         self.state.clock.advance(0.001)
+
+    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
+        return self._ref(self.state.add_issue(self.repository_id, title=title, updated_at=updated_at).number)
+
+    def delete_issue(self, external_ref: str) -> None:
+        del self.state.repositories[self.repository_id].issues[self._number(external_ref)]
 
     def add_excluded_item(self) -> None:
         self.state.add_issue(self.repository_id, title="A pull request, not an issue", pull_request=True)

@@ -257,6 +257,34 @@ def test_an_unchanged_poll_ends_with_one_conditional_request_answered_304(world)
     assert "changed" in [i.title for i in changed.issues]  # with the rest of the overlap second
 
 
+def test_a_tie_run_longer_than_a_page_never_hides_a_later_change_behind_a_304(world):
+    refs = world.add_issues(45, same_updated_at=True)  # a bulk edit: page 1 is all one second
+    adapter = world.adapter()
+    _, tokens = scan(world, adapter, page_size=10)
+    world.advance(5)
+    _, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # the next scan asks the same question
+    world.advance(5)
+    world.update_issue(refs[40], title="changed on page 5")
+    (new,) = world.add_issues(1, title="Brand new")
+    for _ in range(2):  # page 1 is unchanged; the change is on later pages
+        issues, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])
+        titles = {i.external_ref: i.title for i in issues}
+        if titles.get(refs[40]) == "changed on page 5" and new in titles:
+            break
+    else:
+        raise AssertionError("the change behind an unchanged first page was never delivered")
+
+
+def test_only_a_single_page_scan_keeps_its_etag_for_the_next_scan(world):
+    world.add_issues(3, same_updated_at=True)
+    adapter = world.adapter()
+    _, tokens = scan(world, adapter, page_size=2)  # two pages
+    assert all(GitHubCursor.decode(t).etag is None for t in tokens[1:])
+    world.advance(5)
+    _, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # one page: the whole scan
+    assert GitHubCursor.decode(tokens[-1]).etag is not None
+
+
 def test_a_refused_next_link_restarts_the_scan_without_missing_anything(world):
     refs = world.add_issues(6)
     adapter = world.adapter()

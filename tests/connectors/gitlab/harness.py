@@ -44,8 +44,10 @@ class GitLabWorld(SimulatorWorld):
     route = staticmethod(GitLabSimulator.route)
     fault = staticmethod(_fault)
 
-    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd") -> None:
+    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd",
+                 keyset_for_issues: bool = True) -> None:
         self.state = GitLabState(SimClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC)))
+        self.state.keyset_for_issues = keyset_for_issues  # False: issues come in offset pages
         self.project_id = project_id
         self.state.add_project(project_id, "acme/platform")
         self.state.add_token(token, project_id, scopes=("api",))
@@ -88,6 +90,12 @@ class GitLabWorld(SimulatorWorld):
     def update_issue(self, external_ref: str, *, title: str) -> None:
         self.state.update_issue(self.project_id, self._iid(external_ref), title=title)
         self.state.clock.advance(0.001)
+
+    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
+        return self._ref(self.state.add_issue(self.project_id, title=title, updated_at=updated_at).iid)
+
+    def delete_issue(self, external_ref: str) -> None:
+        del self.state.projects[self.project_id].issues[self._iid(external_ref)]
 
     def add_excluded_item(self) -> None:
         self.state.add_issue(self.project_id, title="A task, not an issue", issue_type="task")

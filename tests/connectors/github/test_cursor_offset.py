@@ -1,0 +1,37 @@
+"""GitHub bound to the offset-paging cursor rows: the listing links page numbers only
+(`page=N`, as GitHub's pagination guide shows for this listing), never `after=`."""
+
+from datetime import timedelta
+
+import pytest
+
+from nexus_pipelines.connectors.github.cursor import GitHubCursor, format_time
+from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+from tests.connectors.github.test_adapter import query_of
+from tests.connectors.offset_paging import first_page_then_next_request
+from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for GitHub
+
+
+def seconds(values):
+    return [timedelta(seconds=v) for v in values]
+
+
+@pytest.fixture
+def world():
+    return GitHubWorld(issue_paging="page", on_sim_clock=True)
+
+
+def test_a_page_two_whole_seconds_wide_is_a_tie_walk_that_follows_the_page_link(world):
+    _, first, request = first_page_then_next_request(world, seconds([0] * 5 + [1] * 6))
+    assert not first.exhausted and query_of(request)["page"] == "2"
+
+
+def test_a_wider_page_reanchors_at_a_fresh_first_page_from_its_last_second_minus_one(world):
+    start, first, request = first_page_then_next_request(world, seconds([0] * 5 + [2] * 6))
+    query = query_of(request)
+    assert not first.exhausted and "page" not in query and "If-None-Match" not in request.headers
+    assert request.url.path == f"/repositories/{REPOSITORY_ID}/issues"  # rename-safe
+    assert query == {"state": "all", "sort": "updated", "direction": "asc", "per_page": "10",
+                     "since": format_time(start + timedelta(seconds=1))}
+    cursor = GitHubCursor.decode(first.next_cursor)
+    assert cursor.since == start + timedelta(seconds=1) and cursor.scan_from is not None and cursor.etag is None

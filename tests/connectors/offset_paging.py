@@ -1,0 +1,148 @@
+"""Cursor rows for a provider that answers the issue listing with offset (page-number) pages.
+
+A provider binds them like the shared suite: `from tests.connectors.offset_paging import *`
+in its own module and a `world` fixture returning a world whose simulator pages by number
+(GitHub `issue_paging="page"`, GitLab `keyset_for_issues=False`) and that can also
+`delete_issue(ref)`. On offset pages an update or a deletion between two requests shifts
+later items back one position; following the page links would skip one issue older than
+the high-water mark, and the next scan would start after it. The adapter must re-anchor
+instead: a fresh first page from the last item's time whenever the page spans more than
+its boundary window, and follow the page link only inside a tie run of at least a page.
+
+Issues here are a minute apart (a millisecond apart the next scan's one-second overlap
+would re-read a skipped issue and hide the skip).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from urllib.parse import parse_qs, urlsplit
+
+from nexus_pipelines.connectors.core.values import FetchIssuePage
+from tests.connectors.conformance.suite import executor, scan
+# the shared suite's cursor rows, on offset pages too
+from tests.connectors.conformance.suite import test_an_issue_updated_mid_scan_is_not_missed  # noqa: F401
+from tests.connectors.conformance.suite import test_ties_across_page_boundaries_are_all_delivered_once  # noqa: F401
+
+SPACING_S = 60
+
+
+def spaced(world, count: int, *, title: str = "Issue") -> list[str]:
+    refs = []
+    for n in range(count):
+        refs += world.add_issues(1, title=f"{title} {n}")
+        world.advance(SPACING_S)
+    return refs
+
+
+def first_page(world, adapter, page_size: int = 10):
+    page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=page_size))
+    return page
+
+
+def first_page_then_next_request(world, offsets: list[timedelta], page_size: int = 10):
+    """Issues updated at `offsets` after an hour ago, a first page of `page_size`, and the one
+    listing request the next invocation sends: (that hour-ago start, the page, the request)."""
+    start = world.state.clock.now() - timedelta(hours=1)
+    for n, offset in enumerate(offsets):
+        world.add_issue_at(start + offset, title=f"Issue {n}")
+    adapter = world.adapter()
+    first = first_page(world, adapter, page_size)
+    world.clear_requests()
+    executor().fetch(adapter, FetchIssuePage(cursor=first.next_cursor, page_size=page_size))
+    (request,) = [r for r, (operation, _) in zip(world.transport.requests, world.requests()) if operation == "list"]
+    return start, first, request
+
+
+def versions(issues) -> set[tuple[str, str, object]]:
+    return {(i.external_ref, i.title, i.external_updated_at) for i in issues}
+
+
+def refs_and_titles(issues) -> set[tuple[str, str]]:
+    return {(i.external_ref, i.title) for i in issues}
+
+
+def list_queries(world) -> list[dict[str, str]]:
+    """The query of every listing request the world's transport received, in order."""
+    return [{k: v[-1] for k, v in parse_qs(urlsplit(str(request.url)).query).items()}
+            for request, (operation, _) in zip(world.transport.requests, world.requests()) if operation == "list"]
+
+
+def assert_unchanged_rescan_adds_nothing(world, adapter, cursor, delivered) -> None:
+    world.advance(120)
+    again, _ = scan(world, adapter, page_size=10, cursor=cursor)
+    assert versions(again) <= versions(delivered)  # overlap only: nothing new, nothing lost
+
+
+def test_every_issue_is_delivered_on_offset_pages_and_no_page_number_is_built(world):
+    refs = spaced(world, 35)
+    adapter = world.adapter()
+    world.clear_requests()
+    issues, tokens = scan(world, adapter, page_size=10)
+    assert {i.external_ref for i in issues} == set(refs)
+    assert all(int(q.get("page", "1")) == 1 for q in list_queries(world))  # a chain of first pages
+    assert not any(re.search(r"[?&]page=", token) for token in tokens[1:])  # no page number is ever the cursor
+    assert_unchanged_rescan_adds_nothing(world, adapter, tokens[-1], issues)
+
+
+def test_an_issue_updated_mid_scan_on_offset_pages_skips_nothing(world):
+    adapter = world.adapter()
+    refs = spaced(world, 30)
+    first = first_page(world, adapter)
+    world.update_issue(refs[2], title="moved to the end by an update")  # already read: the rest shift back
+    rest, tokens = scan(world, adapter, page_size=10, cursor=first.next_cursor)
+    delivered = list(first.issues) + rest
+    assert {i.external_ref for i in delivered} == set(refs)  # in this very scan, not the next
+    assert (refs[2], "moved to the end by an update") in refs_and_titles(delivered)
+    assert_unchanged_rescan_adds_nothing(world, adapter, tokens[-1], delivered)
+
+
+def test_an_issue_updated_ahead_of_the_scan_is_delivered_in_its_new_version(world):
+    adapter = world.adapter()
+    refs = spaced(world, 30)
+    first = first_page(world, adapter)
+    world.update_issue(refs[20], title="changed before it was read")
+    rest, _ = scan(world, adapter, page_size=10, cursor=first.next_cursor)
+    delivered = list(first.issues) + rest
+    assert {i.external_ref for i in delivered} == set(refs)
+    assert (refs[20], "changed before it was read") in refs_and_titles(delivered)
+
+
+def test_an_issue_deleted_mid_scan_on_offset_pages_skips_nothing(world):
+    adapter = world.adapter()
+    refs = spaced(world, 30)
+    first = first_page(world, adapter)
+    world.delete_issue(refs[3])  # already read: the rest shift back
+    rest, tokens = scan(world, adapter, page_size=10, cursor=first.next_cursor)
+    delivered = list(first.issues) + rest
+    assert {i.external_ref for i in delivered} == set(refs)
+    assert_unchanged_rescan_adds_nothing(world, adapter, tokens[-1], delivered)
+
+
+def test_ties_across_offset_page_boundaries_are_all_delivered(world):
+    adapter = world.adapter()
+    refs = []
+    for size in (25, 3, 10, 1, 14):  # tie runs longer than, shorter than and exactly a page
+        refs += world.add_issues(size, same_updated_at=True)
+        world.advance(SPACING_S)
+    refs += spaced(world, 12)
+    issues, tokens = scan(world, adapter, page_size=10)
+    assert {i.external_ref for i in issues} == set(refs)
+    assert_unchanged_rescan_adds_nothing(world, adapter, tokens[-1], issues)
+
+
+def test_offset_pages_cost_about_one_reread_boundary_item_per_page(world):
+    adapter = world.adapter()
+    count, page_size = 500, 100
+    refs = spaced(world, count)
+    world.clear_requests()
+    issues, _ = scan(world, adapter, page_size=page_size)
+    calls = len(list_queries(world))
+    assert {i.external_ref for i in issues} == set(refs)
+    rereads = len(issues) - count
+    # each re-anchored page starts again at its predecessor's last item (GitHub: its whole second)
+    assert rereads <= calls - 1 and calls <= math.ceil(count / (page_size - 1)) + 1, (calls, rereads)
+    print(f"offset paging: {count} issues, {calls} list calls (keyset: {math.ceil(count / page_size)}), "
+          f"{rereads} boundary items re-read")
