@@ -106,6 +106,19 @@ def test_a_restarted_server_keeps_its_port_so_earlier_shells_still_work(tmp_path
         server.stop()
 
 
+def test_a_restarted_emulator_keeps_its_port_so_earlier_shells_still_work(tmp_path):
+    from nexus_pipelines.local.bigquery_emulator import EmulatorProcess, is_serving
+
+    emulator = EmulatorProcess(tmp_path / "emulator")
+    first = emulator.start()
+    emulator.stop()
+    try:
+        again = emulator.start()
+        assert again == first and is_serving(again)
+    finally:
+        emulator.stop()
+
+
 def test_up_status_and_down_mean_the_embedded_server_in_a_shell_that_sourced_its_env(tmp_path, monkeypatch):
     monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
     root = tmp_path / "stack"
