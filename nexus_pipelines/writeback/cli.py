@@ -144,7 +144,7 @@ def _json_value(value: object) -> str:
 
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
     """Aligned columns; cells on one line (control characters escaped), cut to TABLE_CELL."""
-    from nexus_pipelines.writeback.mapping import printable
+    from nexus_pipelines.redaction import printable
 
     def cell(value: object) -> str:
         text = "" if value is None else value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)

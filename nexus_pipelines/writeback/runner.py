@@ -40,13 +40,14 @@ from nexus_pipelines.integrations.nexuscrm import (
     NexusCrmError,
     sanitize_error_message,
 )
+from nexus_pipelines.redaction import printable
 from nexus_pipelines.writeback.batch import Pending, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
 from nexus_pipelines.writeback.ledger import Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
-from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError, printable
+from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
 from nexus_pipelines.writeback.source import (
     CandidateTable,
