@@ -79,6 +79,8 @@ BLOCKING_ERROR_CODES = frozenset({"DUPLICATE_VALUE", "DUPLICATE_EXTERNAL_ID"})
 _TRANSIENT_STATUSES = frozenset({408, 429})
 # API names and error codes: safe in a URL path, a log line or a ledger column.
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+# A Salesforce record id: 15 case-sensitive letters and digits, or 18 with the checksum suffix.
+CRM_RECORD_ID_PATTERN = r"^[A-Za-z0-9]{15}(?:[A-Za-z0-9]{3})?$"
 _LIMIT_INFO = re.compile(r"(?:^|[;,\s])api-usage=(\d+)/(\d+)")
 _NOT_VISIBLE = "does not exist or is not visible to the integration user"
 
@@ -251,7 +253,7 @@ class _UpsertError(BaseModel):
 class _UpsertItem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    id: str | None = None
+    id: str | None = Field(default=None, pattern=CRM_RECORD_ID_PATTERN)  # another shape: no valid result
     success: bool
     created: bool | None = None
     errors: list[_UpsertError] = []

@@ -286,6 +286,15 @@ def test_reorder_fault_applies_the_writes_and_moves_every_result(http: httpx.Cli
     assert sorted(i.get("id") or "" for i in items) == sorted([ids["A"], ids["B"], ""])
 
 
+def test_alter_result_fault_applies_the_writes_and_garbles_only_that_answer(http: httpx.Client,
+                                                                           state: NexusCrmState) -> None:
+    state.faults.push(Fault.alter_result("B", id="a0Z\x00not-an-id"))
+    items = upsert(http, token(http), [{KEY: "A"}, {KEY: "B"}]).json()
+    ids = {r[KEY]: r["Id"] for r in state.records(OBJECT)}
+    assert items[0]["id"] == ids["A"] and items[1]["id"] == "a0Z\x00not-an-id" != ids["B"]
+    assert items[1]["success"] is True and items[1]["created"] is True
+
+
 def test_reject_request_fault_answers_for_the_whole_request_and_writes_nothing(http: httpx.Client,
                                                                                 state: NexusCrmState) -> None:
     state.faults.push(Fault.reject_request("JSON_PARSER_ERROR", "Unexpected character"))

@@ -128,3 +128,14 @@ def test_control_characters_in_a_crm_error_message_reach_the_ledger_escaped(bq_c
     (row,) = by_status(runner)["permanent_failed"]
     assert row["external_id"] == rejected and row["error_message"] == "ARR is\\u0000 not\\u001b[2J allowed"
 
+
+def test_a_crm_record_id_of_the_wrong_shape_leaves_its_record_unaccounted_not_the_batch(bq_client, make_runner,
+                                                                                        sim_state):
+    garbled = "001000000000000:2025-02"  # in the first batch, which takes the fault
+    sim_state.faults.push(Fault.alter_result(garbled, id="a0M\x00garbled"))
+    runner = make_runner(make_config(seed(bq_client), batch_size=10), sim_state, job_name=job())
+    result = runner.run(context())
+    assert (result.succeeded, result.retryable_failed) == (29, 1)
+    (row,) = by_status(runner)["retryable_failed"]
+    assert (row["external_id"], row["error_code"], row["crm_record_id"]) == (garbled, "UNACCOUNTED", None)
+    assert len(sim_state.records(OBJ)) == 30  # the write was applied: the next run finds it
