@@ -199,6 +199,13 @@ TEXT_TYPES = frozenset({"string"})
 NUMBER_TYPES = frozenset({"double", "currency", "percent"})
 
 
+def check_checkbox(name: str, field_type: str, nillable: bool) -> None:
+    """Salesforce never lets a checkbox be null (it is false unless set): raise ValueError
+    for a boolean field declared or deployed as nillable."""
+    if field_type == "boolean" and nillable:
+        raise ValueError(f"{name}: a boolean (checkbox) field is never nillable in Salesforce; declare nillable=False")
+
+
 @dataclass(frozen=True)
 class FieldContract:
     """One field of the target object as a writer relies on it: declared once (by a job's
@@ -222,6 +229,7 @@ class FieldContract:
             raise ValueError(f"{self.name}: precision >= scale >= 0 is declared for number fields, and only for them")
         if self.external_id and (self.type != "string" or self.nillable):
             raise ValueError(f"{self.name}: the external id must be a non-nillable string field")
+        check_checkbox(self.name, self.type, self.nillable)
 
     def drift(self, field: FieldDescribe) -> list[str]:
         """How the CRM's field differs from this contract (type, limits, nillability)."""

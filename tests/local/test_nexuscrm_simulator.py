@@ -317,6 +317,16 @@ def test_an_object_built_from_a_field_contract_describes_it(http: httpx.Client) 
     assert fields["On__c"]["type"] == "date" and "Notes__c" in fields
 
 
+def test_a_checkbox_is_described_as_never_nillable(http: httpx.Client, state: NexusCrmState) -> None:
+    fields = {f["name"]: f for f in http.get(f"/services/data/v63.0/sobjects/{OBJECT}/describe",
+                                             headers={"Authorization": f"Bearer {token(http)}"}).json()["fields"]}
+    assert (fields["Paid__c"]["nillable"], fields["Paid__c"]["defaultedOnCreate"]) == (False, True)
+    with pytest.raises(ValueError, match="Paid__c: a boolean .checkbox. field is never nillable in Salesforce"):
+        FieldSpec("Paid__c", type="boolean")
+    with pytest.raises(ValueError, match="never nillable"):
+        state.alter_field(OBJECT, "Paid__c", nillable=True)  # no admin can make it so
+
+
 def test_faults_are_fifo_and_consumed_only_by_upserts(http: httpx.Client, state: NexusCrmState) -> None:
     tok = token(http)
     state.faults.push(Fault.status(429, retry_after=3), Fault.status(503))
