@@ -84,6 +84,7 @@ def test_a_run_that_fails_exits_1_with_one_line_saying_why(tmp_path, cli_env, so
     assert result.exit_code == 1, result.output
     summary, dagster_run = result.output.strip().splitlines()
     assert summary.startswith("month_end_arr run ") and ": failed (" in summary and reason in summary, summary
+    assert summary.count("month_end_arr run ") == 1, summary  # the run is named once
     assert dagster_run.startswith("Dagster run ") and "Traceback" not in result.output
 
 
