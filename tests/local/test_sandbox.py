@@ -18,11 +18,12 @@ from nexus_pipelines.local.sandbox import (
     seed_source,
 )
 from nexus_pipelines.writeback.config import load_config
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
-from nexus_pipelines.writeback.source import freshness_problem, run_readiness
 from nexus_pipelines.writeback.execute import default_resources, run_in_process
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
 from nexus_pipelines.writeback.registry import get_job
-from tests.local.test_stack import free_ports
+from nexus_pipelines.writeback.source import freshness_problem, run_readiness
+
+from .support import free_ports
 
 
 def test_the_launchpad_default_config_runs_the_writeback_on_the_local_stack(tmp_path, monkeypatch, control_dsn,

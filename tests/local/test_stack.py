@@ -7,17 +7,7 @@ from nexus_pipelines.control.migrations import applied_versions, discover
 from nexus_pipelines.local.stack import LocalStack
 from nexus_pipelines.settings import NexusSettings
 
-
-def free_ports(n: int = 4) -> tuple[int, ...]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = tuple(sock.getsockname()[1] for sock in sockets)
-    for sock in sockets:
-        sock.close()
-    return ports
+from .support import free_ports
 
 
 def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch):
