@@ -25,6 +25,8 @@ class UserError(click.ClickException):
 
 
 def control_dsn() -> str:
+    """NEXUS_PG_DSN; unset, one UserError naming `local up` (only the `local` commands and
+    `demo` fall back to the embedded server, through the local stack)."""
     settings = load_settings()
     if settings.pg_dsn:
         return settings.pg_dsn

@@ -5,8 +5,9 @@ ledger column, a work-item summary or run metadata.
 reference (`register_secret`, called by `credentials.resolve`), credentials inside URLs,
 Authorization headers and bearer/basic/token values, `key=value` / `"key": "value"`
 pairs whose key names a secret, JWTs, long opaque strings that may be keys, and email
-addresses (customer data in provider messages). `one_line` also folds whitespace and
-bounds the length, which is what every summary and error message wants.
+addresses (customer data in provider messages). `one_line` also folds whitespace, writes
+control characters as escapes (a NUL cannot be stored in Postgres text) and bounds the
+length, which is what every summary, error message and ledger column wants.
 """
 
 from __future__ import annotations
@@ -102,11 +103,22 @@ def contains_registered_secret(text: str) -> bool:
         return any(value in text for value in _known)
 
 
+# C0 controls but tab, newline and carriage return; DEL; lone surrogates (not UTF-8). A NUL
+# or a surrogate cannot be stored in Postgres text; the others drive a terminal.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+
+
+def printable(text: str) -> str:
+    """`text` with its control characters written as `\\uXXXX` escapes."""
+    return CONTROL_CHARACTERS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 def one_line(text: object, limit: int = 500) -> str:
-    """`text` redacted, on one line, at most `limit` characters ('' for None or empty)."""
+    """`text` redacted, on one line, control characters escaped, at most `limit` characters
+    ('' for None or empty)."""
     if text is None or text == "":
         return ""
-    cleaned = redact(" ".join(str(text).split()))
+    cleaned = printable(redact(" ".join(str(text).split())))
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
 
 

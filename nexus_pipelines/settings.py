@@ -1,8 +1,8 @@
 """Environment settings shared by the CLI, the Dagster resources and the local stack.
 
-Every variable is read from the environment (or a `.env` file in the working
-directory); none of them holds a secret value: CRM and provider credentials are
-referenced by the *names* of their environment variables in job configs.
+Every variable is read from the process environment (no `.env` file is read); none of
+them holds a secret value: CRM and provider credentials are referenced by the *names*
+of their environment variables in job configs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ class NexusSettings(BaseSettings):
 
     pg_dsn: str | None = Field(
         default=None,
-        description="libpq DSN of the control-plane Postgres; unset means the embedded server.",
+        description="libpq DSN of the control-plane Postgres. Unset, only `local up|status|down` and `demo` run "
+        "(on the embedded server, whose DSN `. .nexus_local/env` exports); every other command refuses to run.",
     )
     local_dir: Path = Field(
         default=PROJECT_ROOT / ".nexus_local",

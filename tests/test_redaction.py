@@ -33,6 +33,12 @@ def test_one_line_folds_and_bounds():
     assert one_line(None) == "" and one_line("") == ""
 
 
+def test_one_line_writes_control_characters_as_escapes():
+    # a NUL or a lone surrogate cannot be stored in a Postgres text column; an ESC would drive a terminal
+    assert one_line("bad\x00value\x1b[31m red\x7f \ud800!") == "bad\\u0000value\\u001b[31m red\\u007f \\ud800!"
+    assert one_line("tab\tand\nnewline fold") == "tab and newline fold"
+
+
 def test_resolved_secrets_are_redacted_wherever_they_appear(monkeypatch):
     monkeypatch.setenv("NEXUS_TEST_CANARY", "canary-Zq7 plain words")
     value = resolve("env:NEXUS_TEST_CANARY")

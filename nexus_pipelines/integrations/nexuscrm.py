@@ -79,6 +79,8 @@ BLOCKING_ERROR_CODES = frozenset({"DUPLICATE_VALUE", "DUPLICATE_EXTERNAL_ID"})
 _TRANSIENT_STATUSES = frozenset({408, 429})
 # API names and error codes: safe in a URL path, a log line or a ledger column.
 _IDENTIFIER = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
+# A Salesforce record id: 15 case-sensitive letters and digits, or 18 with the checksum suffix.
+CRM_RECORD_ID_PATTERN = r"^[A-Za-z0-9]{15}(?:[A-Za-z0-9]{3})?$"
 _LIMIT_INFO = re.compile(r"(?:^|[;,\s])api-usage=(\d+)/(\d+)")
 _NOT_VISIBLE = "does not exist or is not visible to the integration user"
 
@@ -197,6 +199,13 @@ TEXT_TYPES = frozenset({"string"})
 NUMBER_TYPES = frozenset({"double", "currency", "percent"})
 
 
+def check_checkbox(name: str, field_type: str, nillable: bool) -> None:
+    """Salesforce never lets a checkbox be null (it is false unless set): raise ValueError
+    for a boolean field declared or deployed as nillable."""
+    if field_type == "boolean" and nillable:
+        raise ValueError(f"{name}: a boolean (checkbox) field is never nillable in Salesforce; declare nillable=False")
+
+
 @dataclass(frozen=True)
 class FieldContract:
     """One field of the target object as a writer relies on it: declared once (by a job's
@@ -220,6 +229,7 @@ class FieldContract:
             raise ValueError(f"{self.name}: precision >= scale >= 0 is declared for number fields, and only for them")
         if self.external_id and (self.type != "string" or self.nillable):
             raise ValueError(f"{self.name}: the external id must be a non-nillable string field")
+        check_checkbox(self.name, self.type, self.nillable)
 
     def drift(self, field: FieldDescribe) -> list[str]:
         """How the CRM's field differs from this contract (type, limits, nillability)."""
@@ -251,7 +261,7 @@ class _UpsertError(BaseModel):
 class _UpsertItem(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    id: str | None = None
+    id: str | None = Field(default=None, pattern=CRM_RECORD_ID_PATTERN)  # another shape: no valid result
     success: bool
     created: bool | None = None
     errors: list[_UpsertError] = []

@@ -77,7 +77,8 @@ def is_serving(url: str) -> bool:
 
 
 class EmulatorProcess:
-    """The emulator as a detached process, found again through its pid and port files."""
+    """The emulator as a detached process, found again through its pid and port files; it takes
+    its recorded port again when that is free, so shells that sourced the env file keep working."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -96,10 +97,10 @@ class EmulatorProcess:
         running = self.url()
         if running:
             return running
-        from nexus_pipelines.local.postgres import _free_port
+        from nexus_pipelines.local.postgres import listen_port
 
         self.root.mkdir(parents=True, exist_ok=True)
-        port = _free_port()
+        port = listen_port(self._port_file)
         with self.log_file.open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", __name__, "--port", str(port), "--data-dir", str(self.root / "bigquery")],

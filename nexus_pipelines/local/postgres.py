@@ -44,11 +44,14 @@ class PostgresInfo:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{self.port}/{dbname}"
 
 
-def _free_port(preferred: int | None = None) -> int:
-    """`preferred` when it can be bound now, else any free port."""
-    for port in ([preferred] if preferred else []) + [0]:
+def listen_port(port_file: Path) -> int:
+    """The port a server of the local stack should take: the one recorded in `port_file`
+    when it can be bound now (so shells, DAGSTER_HOME and env files written earlier keep
+    working), else any free port. The caller records the port it started on there."""
+    recorded = int(port_file.read_text()) if port_file.exists() else None
+    for port in ([recorded] if recorded else []) + [0]:
         with socket.socket() as sock:
-            # as Postgres itself binds: connections of the last run in TIME_WAIT do not hold the port
+            # as Postgres and uvicorn bind: connections of the last run in TIME_WAIT do not hold the port
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind(("127.0.0.1", port))
@@ -103,9 +106,7 @@ class EmbeddedPostgres:
         self._prepare_permissions(pg.POSTGRES_BIN_PATH, user)
         if not (self.data_dir / "PG_VERSION").exists():
             self._call(pg.initdb, ["--auth=trust", "--encoding=utf8", "-U", SUPERUSER], user, "initdb")
-        # The recorded port again when it is free: shells and DAGSTER_HOME written earlier keep working.
-        recorded = int(self._port_file.read_text()) if self._port_file.exists() else None
-        port = _free_port(recorded)
+        port = listen_port(self._port_file)
         options = " ".join(
             ["-h 127.0.0.1", f"-p {port}", "-k ''"] + [f"-c {key}={value}" for key, value in self.settings.items()]
         )

@@ -72,17 +72,16 @@ def writeback() -> None:
     """The writeback ledger: runs, current record states and attempt evidence."""
 
 
-def _listing_options(statuses: tuple[str, ...], *, external_id: bool):
+def _listing_options(statuses: tuple[str, ...], *, external_id_help: str = "Only this external ID."):
     def decorate(command):
         options = [
             click.option("--job", default=None, help="Only this writeback job."),
             click.option("--status", type=click.Choice(statuses), default=None, help="Only this status."),
+            click.option("--external-id", default=None, help=external_id_help),
             click.option("--run-id", default=None, help="Only this ledger run id."),
             click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 100_000)),
             click.option("--json", "as_json", is_flag=True, help="One JSON array, every column in full."),
         ]
-        if external_id:
-            options.insert(2, click.option("--external-id", default=None, help="Only this external ID."))
         for option in reversed(options):
             command = option(command)
         return command
@@ -91,18 +90,20 @@ def _listing_options(statuses: tuple[str, ...], *, external_id: bool):
 
 
 @writeback.command("runs")
-@_listing_options(RUN_STATUSES, external_id=False)
-def runs_cmd(job: str | None, status: str | None, run_id: str | None, limit: int, as_json: bool) -> None:
+@_listing_options(RUN_STATUSES, external_id_help="Only runs that sent this external ID (attempts are kept 90 days).")
+def runs_cmd(job: str | None, status: str | None, external_id: str | None, run_id: str | None, limit: int,
+             as_json: bool) -> None:
     """Writeback runs, newest first, with their counts and the CRM API usage."""
     from nexus_pipelines.writeback.queries import RUNS
 
     _show(RUNS, "runs", ("job_name", "run_id", "status", "started_at", "selected_rows", "succeeded_rows",
                          "retryable_failed_rows", "permanently_failed_rows", "crm_calls", "crm_api_usage",
-                         "error_message"), as_json, limit=limit, job=job, status=status, run_id=run_id)
+                         "error_message"), as_json,
+          limit=limit, job=job, status=status, external_id=external_id, run_id=run_id)
 
 
 @writeback.command("records")
-@_listing_options(RECORD_STATUSES, external_id=True)
+@_listing_options(RECORD_STATUSES)
 def records_cmd(job: str | None, status: str | None, external_id: str | None, run_id: str | None, limit: int,
                 as_json: bool) -> None:
     """Current record states (by last attempt run with --run-id), most recently updated first."""
@@ -114,7 +115,7 @@ def records_cmd(job: str | None, status: str | None, external_id: str | None, ru
 
 
 @writeback.command("attempts")
-@_listing_options(RECORD_STATUSES, external_id=True)
+@_listing_options(RECORD_STATUSES)
 def attempts_cmd(job: str | None, status: str | None, external_id: str | None, run_id: str | None, limit: int,
                  as_json: bool) -> None:
     """Attempt evidence (append-only, 90 days), newest first."""
@@ -144,7 +145,7 @@ def _json_value(value: object) -> str:
 
 def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
     """Aligned columns; cells on one line (control characters escaped), cut to TABLE_CELL."""
-    from nexus_pipelines.writeback.mapping import printable
+    from nexus_pipelines.redaction import printable
 
     def cell(value: object) -> str:
         text = "" if value is None else value.isoformat(timespec="seconds") if isinstance(value, datetime) else str(value)

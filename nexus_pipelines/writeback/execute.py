@@ -88,8 +88,10 @@ def run_in_process(job_name: str, config_path: str | None, *, resources: dict[st
         return InProcessOutcome(job_name, ledger_run_id, result.run_id, "failed", EXIT_FAILED,
                                 error=_failure_text(failure))
     counts = {k: int(meta[k].value) for k in COUNT_KEYS if k in meta}
-    # A failed step's one line (the error, or why record errors exit non-zero), else the runner's message.
-    error = _failure_text(failure) or (str(meta["error"].value) if "error" in meta else None)
+    # A failed run's error as the runner put it (the step's failure names the run again), why
+    # record errors exit non-zero, or else the runner's message.
+    runner_error = str(meta["error"].value) if "error" in meta else None
+    error = (runner_error if meta["status"].value == "failed" else None) or _failure_text(failure) or runner_error
     rejected = tuple(tuple(pair) for pair in meta["first_rejected"].value)
     return InProcessOutcome(job_name, ledger_run_id, result.run_id, str(meta["status"].value),
                             int(meta["exit_code"].value), counts, error, rejected)

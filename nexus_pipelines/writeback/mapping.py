@@ -23,6 +23,7 @@ from decimal import Decimal, InvalidOperation, localcontext
 from typing import Any, ClassVar
 
 from nexus_pipelines.integrations.nexuscrm import NUMBER_TYPES, FieldContract
+from nexus_pipelines.redaction import CONTROL_CHARACTERS
 from nexus_pipelines.writeback.hashing import canonical_payload_hash
 
 EXTERNAL_ID_COLUMN = "_outbound_external_id"
@@ -39,8 +40,6 @@ SERVER_MANAGED_FIELDS = frozenset(
     {"Id", "CreatedDate", "CreatedById", "LastModifiedDate", "LastModifiedById", "SystemModstamp", "IsDeleted", "OwnerId"}
 )
 _FIELD_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,79}$")
-# C0 controls but tab, newline and carriage return; DEL; lone surrogates (not UTF-8).
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
 _UTC_DATETIME = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{3})?Z$")
 
@@ -260,13 +259,8 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
     return quantized
 
 
-def printable(text: str) -> str:
-    """`text` with control characters written as escapes, to name a row safely."""
-    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
 def _control_problem(text: str) -> str | None:
-    match = _CONTROL.search(text)
+    match = CONTROL_CHARACTERS.search(text)
     return f"contains a control character (U+{ord(match.group()):04X})" if match else None
 
 

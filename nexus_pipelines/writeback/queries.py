@@ -1,7 +1,7 @@
 """Read-only views of the writeback ledger for operators (`nexus-pipelines writeback ...`).
 
-Each listing is one parameterized query over fixed columns; filters are equality
-tests on a fixed set of columns, newest first, bounded by a limit.
+Each listing is one parameterized query over fixed columns, newest first, bounded by a
+limit; each filter is a fixed condition with one parameter (mostly a column's equality).
 """
 
 from __future__ import annotations
@@ -17,30 +17,40 @@ from psycopg import Connection, sql
 class Listing:
     table: str
     columns: tuple[str, ...]
-    filters: Mapping[str, str]  # filter name -> column
+    filters: Mapping[str, sql.Composable]  # filter name -> condition with one %s
     order: str
 
+
+def _equals(column: str) -> sql.Composable:
+    return sql.SQL("{} = %s").format(sql.Identifier(column))
+
+
+# A run sent an external id when the ledger holds an attempt of it (attempts are kept 90 days).
+_RUN_SENT = sql.SQL("(job_name, run_id) IN (SELECT job_name, run_id FROM outbound_record_attempts "
+                    "WHERE external_id = %s)")
 
 RUNS = Listing(
     "outbound_runs",
     ("job_name", "run_id", "status", "started_at", "ended_at", "selected_rows", "unchanged_rows", "succeeded_rows",
      "retryable_failed_rows", "permanently_failed_rows", "batches", "crm_calls", "crm_api_usage", "source_run_id",
      "error_message"),
-    {"job": "job_name", "status": "status", "run_id": "run_id"},
+    {"job": _equals("job_name"), "status": _equals("status"), "external_id": _RUN_SENT, "run_id": _equals("run_id")},
     "started_at DESC, run_id",
 )
 RECORDS = Listing(
     "outbound_records",
     ("job_name", "external_id", "status", "attempt_count", "crm_record_id", "error_code", "next_retry_at",
      "last_attempt_run_id", "last_success_run_id", "updated_at", "error_message"),
-    {"job": "job_name", "status": "status", "external_id": "external_id", "run_id": "last_attempt_run_id"},
+    {"job": _equals("job_name"), "status": _equals("status"), "external_id": _equals("external_id"),
+     "run_id": _equals("last_attempt_run_id")},
     "updated_at DESC, job_name, external_id",
 )
 ATTEMPTS = Listing(
     "outbound_record_attempts",
     ("attempted_at", "job_name", "run_id", "batch_id", "external_id", "attempt_number", "status", "http_status",
      "crm_record_id", "error_code", "duration_ms", "error_message"),
-    {"job": "job_name", "status": "status", "external_id": "external_id", "run_id": "run_id"},
+    {"job": _equals("job_name"), "status": _equals("status"), "external_id": _equals("external_id"),
+     "run_id": _equals("run_id")},
     "attempted_at DESC, external_id",
 )
 
@@ -50,7 +60,7 @@ def fetch(conn: Connection, listing: Listing, *, limit: int, **filters: Any) -> 
     where, params = [], []
     for name, value in filters.items():
         if value is not None:
-            where.append(sql.SQL("{} = %s").format(sql.Identifier(listing.filters[name])))
+            where.append(listing.filters[name])
             params.append(value)
     query = sql.SQL("SELECT {columns} FROM {table}{where} ORDER BY {order} LIMIT %s").format(
         columns=sql.SQL(", ").join(sql.Identifier(c) for c in listing.columns),

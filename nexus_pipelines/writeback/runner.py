@@ -40,13 +40,14 @@ from nexus_pipelines.integrations.nexuscrm import (
     NexusCrmError,
     sanitize_error_message,
 )
+from nexus_pipelines.redaction import printable
 from nexus_pipelines.writeback.batch import Pending, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
 from nexus_pipelines.writeback.ledger import Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
-from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError, printable
+from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
 from nexus_pipelines.writeback.source import (
     CandidateTable,
@@ -338,9 +339,11 @@ class Runner:
         counts.selected = table.row_count
         yield self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
         yield Progress(f"candidate table: {table.row_count} rows")
-        if context.external_ids and table.row_count < len(set(context.external_ids)):
-            missing = missing_external_ids(self.bq, self.table_id, context.external_ids,
-                                           location=cfg.source.location, timer=self.warehouse)
+        # Asked for by id (a canary): every id must be there; a row count cannot tell, since a
+        # duplicated id can stand in for a missing one.
+        missing = missing_external_ids(self.bq, self.table_id, context.external_ids, location=cfg.source.location,
+                                       timer=self.warehouse) if context.external_ids else []
+        if missing:
             raise RunFailed(f"{len(missing)} of the {len(set(context.external_ids))} external IDs asked for "
                             f"are not in the source: {', '.join(missing[:10])}" + (" ..." if len(missing) > 10 else ""))
         self._heartbeat()

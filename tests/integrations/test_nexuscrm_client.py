@@ -470,6 +470,23 @@ def test_response_missing_one_record(client: NexusCrmClient, state: NexusCrmStat
     assert replay.results[0].success and replay.created_external_ids == frozenset()
 
 
+@pytest.mark.parametrize("crm_id,accepted", [
+    ("a0M000000000001", True), ("a0M000000000001AAA", True),  # Salesforce ids: 15 or 18 letters and digits
+    ("a0M00000000001", False), ("a0M000000000001AAAA", False), ("a0M00000000\x0001AAA", False),
+    ("a0M-00000000001AA", False), ("", False),
+])
+def test_a_record_id_of_another_shape_leaves_its_record_unaccounted(client: NexusCrmClient, state: NexusCrmState,
+                                                                   crm_id: str, accepted: bool) -> None:
+    state.faults.push(Fault.alter_result("E2", id=crm_id))
+    results = by_id(client.upsert_batch(OBJECT, KEY, [rec("E1"), rec("E2")]))
+    assert results["E1"].success
+    if accepted:
+        assert results["E2"].success and results["E2"].crm_record_id == crm_id
+    else:
+        assert (results["E2"].error_code, results["E2"].retryable, results["E2"].crm_record_id) == (
+            "UNACCOUNTED", True, None)
+
+
 def test_a_shorter_result_list_leaves_every_record_unaccounted(client: NexusCrmClient, state: NexusCrmState) -> None:
     # Positions can no longer be trusted, so no reported result is believed.
     state.faults.push(Fault.drop_result("E1", keep_position=False))

@@ -286,6 +286,15 @@ def test_reorder_fault_applies_the_writes_and_moves_every_result(http: httpx.Cli
     assert sorted(i.get("id") or "" for i in items) == sorted([ids["A"], ids["B"], ""])
 
 
+def test_alter_result_fault_applies_the_writes_and_garbles_only_that_answer(http: httpx.Client,
+                                                                           state: NexusCrmState) -> None:
+    state.faults.push(Fault.alter_result("B", id="a0Z\x00not-an-id"))
+    items = upsert(http, token(http), [{KEY: "A"}, {KEY: "B"}]).json()
+    ids = {r[KEY]: r["Id"] for r in state.records(OBJECT)}
+    assert items[0]["id"] == ids["A"] and items[1]["id"] == "a0Z\x00not-an-id" != ids["B"]
+    assert items[1]["success"] is True and items[1]["created"] is True
+
+
 def test_reject_request_fault_answers_for_the_whole_request_and_writes_nothing(http: httpx.Client,
                                                                                 state: NexusCrmState) -> None:
     state.faults.push(Fault.reject_request("JSON_PARSER_ERROR", "Unexpected character"))
@@ -306,6 +315,16 @@ def test_an_object_built_from_a_field_contract_describes_it(http: httpx.Client) 
     assert fields["Key__c"]["externalId"] and fields["Key__c"]["unique"] and not fields["Key__c"]["nillable"]
     assert (fields["Amount__c"]["precision"], fields["Amount__c"]["scale"], fields["Amount__c"]["length"]) == (16, 2, 0)
     assert fields["On__c"]["type"] == "date" and "Notes__c" in fields
+
+
+def test_a_checkbox_is_described_as_never_nillable(http: httpx.Client, state: NexusCrmState) -> None:
+    fields = {f["name"]: f for f in http.get(f"/services/data/v63.0/sobjects/{OBJECT}/describe",
+                                             headers={"Authorization": f"Bearer {token(http)}"}).json()["fields"]}
+    assert (fields["Paid__c"]["nillable"], fields["Paid__c"]["defaultedOnCreate"]) == (False, True)
+    with pytest.raises(ValueError, match="Paid__c: a boolean .checkbox. field is never nillable in Salesforce"):
+        FieldSpec("Paid__c", type="boolean")
+    with pytest.raises(ValueError, match="never nillable"):
+        state.alter_field(OBJECT, "Paid__c", nillable=True)  # no admin can make it so
 
 
 def test_faults_are_fifo_and_consumed_only_by_upserts(http: httpx.Client, state: NexusCrmState) -> None:

@@ -1,12 +1,29 @@
 """The local stack's provider sandbox: the writeback runs from the launchpad's default config,
-the trackers keep their data, and production never defaults to a local config."""
+its source stays fresh for as long as the stack runs, the trackers keep their data, and
+production never defaults to a local config."""
 
 from __future__ import annotations
 
-from nexus_pipelines.local.sandbox import Sandbox, environment, seed_source
+import threading
+import time
+from datetime import UTC, datetime, timedelta
+
+from nexus_pipelines.integrations.bigquery import make_bigquery_client
+from nexus_pipelines.local.sandbox import (
+    SOURCE_DATASET,
+    Sandbox,
+    SandboxProcess,
+    environment,
+    keep_source_fresh,
+    seed_source,
+)
+from nexus_pipelines.writeback.config import load_config
 from nexus_pipelines.writeback.execute import default_resources, run_in_process
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
 from nexus_pipelines.writeback.registry import get_job
-from tests.local.test_stack import free_ports
+from nexus_pipelines.writeback.source import freshness_problem, run_readiness
+
+from .support import free_ports
 
 
 def test_the_launchpad_default_config_runs_the_writeback_on_the_local_stack(tmp_path, monkeypatch, control_dsn,
@@ -46,3 +63,52 @@ def test_the_trackers_keep_their_data_and_the_app_key_between_sandboxes(tmp_path
     assert again.trackers[0].state.issue(278964, 1).title == "changed while served"
     assert environment(tmp_path)["NEXUS_DEMO_GITHUB_APP_KEY"] == key and "PRIVATE KEY" in key
     assert (tmp_path / "simulators" / "github-app-key.pem").stat().st_mode & 0o077 == 0
+
+
+def stale_problem(emulator_url: str) -> str | None:
+    """What the launchpad run's source_fresh check would say now (None: it passes)."""
+    loaded = load_config(get_job("month_end_arr").local_config_path)
+    client = make_bigquery_client("nexus-local", "US", emulator_url)
+    try:
+        readiness = run_readiness(client, loaded.readiness_sql())
+    finally:
+        client.close()
+    return freshness_problem(readiness, loaded.config.source.freshness_max_age_minutes, datetime.now(UTC))
+
+
+def age_the_load(emulator_url: str) -> None:
+    client = make_bigquery_client("nexus-local", "US", emulator_url)
+    try:
+        mark_load(client, SOURCE_DATASET, load_run_id="local-old", finished_at=datetime.now(UTC) - timedelta(hours=4))
+    finally:
+        client.close()
+    assert "older than freshness_max_age_minutes=180" in stale_problem(emulator_url)
+
+
+def test_up_on_a_running_sandbox_marks_a_stale_source_load_fresh_again(tmp_path, bq_emulator_url):
+    sandbox = SandboxProcess(tmp_path, free_ports())
+    sandbox.start(bq_project="nexus-local", emulator_url=bq_emulator_url)
+    try:
+        assert stale_problem(bq_emulator_url) is None
+        age_the_load(bq_emulator_url)  # the stack has run for 4 hours
+        sandbox.start(bq_project="nexus-local", emulator_url=bq_emulator_url)  # what `local up` does then
+        assert sandbox.running() and stale_problem(bq_emulator_url) is None
+    finally:
+        sandbox.stop()
+
+
+def test_the_running_sandbox_marks_its_source_load_fresh_again_on_its_own(bq_emulator_url):
+    seed_source("nexus-local", bq_emulator_url)
+    age_the_load(bq_emulator_url)
+    stop = threading.Event()
+    marker = threading.Thread(target=keep_source_fresh, args=("nexus-local", bq_emulator_url, stop),
+                              kwargs={"every_s": 0.2}, daemon=True)
+    marker.start()
+    try:
+        deadline = time.monotonic() + 60
+        while stale_problem(bq_emulator_url) is not None:
+            assert time.monotonic() < deadline, "the sandbox never marked its load again"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        marker.join(30)

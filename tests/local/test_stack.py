@@ -7,17 +7,7 @@ from nexus_pipelines.control.migrations import applied_versions, discover
 from nexus_pipelines.local.stack import LocalStack
 from nexus_pipelines.settings import NexusSettings
 
-
-def free_ports(n: int = 4) -> tuple[int, ...]:
-    import socket
-
-    sockets = [socket.socket() for _ in range(n)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = tuple(sock.getsockname()[1] for sock in sockets)
-    for sock in sockets:
-        sock.close()
-    return ports
+from .support import free_ports
 
 
 def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch):
@@ -104,6 +94,19 @@ def test_a_restarted_server_keeps_its_port_so_earlier_shells_still_work(tmp_path
         psycopg.connect(again.dsn(), connect_timeout=5).close()
     finally:
         server.stop()
+
+
+def test_a_restarted_emulator_keeps_its_port_so_earlier_shells_still_work(tmp_path):
+    from nexus_pipelines.local.bigquery_emulator import EmulatorProcess, is_serving
+
+    emulator = EmulatorProcess(tmp_path / "emulator")
+    first = emulator.start()
+    emulator.stop()
+    try:
+        again = emulator.start()
+        assert again == first and is_serving(again)
+    finally:
+        emulator.stop()
 
 
 def test_up_status_and_down_mean_the_embedded_server_in_a_shell_that_sourced_its_env(tmp_path, monkeypatch):

@@ -116,3 +116,26 @@ def test_a_reordered_response_is_never_taken_as_success(bq_client, make_runner, 
     assert replay.succeeded == 10
     rerun = make_runner(config, sim_state, job_name=name).run(context())
     assert rerun.status == "succeeded" and rerun.succeeded == 20  # the rows never sent go out now
+
+
+def test_control_characters_in_a_crm_error_message_reach_the_ledger_escaped(bq_client, make_runner, sim_state):
+    rejected = "001000000000001:2025-02"
+    sim_state.add_validation_rule(OBJ, lambda r: "ARR is\x00 not\x1b[2J allowed"
+                                  if r["Month_End_ARR_Key__c"] == rejected else None)
+    runner = make_runner(make_config(seed(bq_client), batch_size=10), sim_state, job_name=job())
+    result = runner.run(context())
+    assert result.status == "completed_with_errors" and (result.succeeded, result.permanently_failed) == (29, 1)
+    (row,) = by_status(runner)["permanent_failed"]
+    assert row["external_id"] == rejected and row["error_message"] == "ARR is\\u0000 not\\u001b[2J allowed"
+
+
+def test_a_crm_record_id_of_the_wrong_shape_leaves_its_record_unaccounted_not_the_batch(bq_client, make_runner,
+                                                                                        sim_state):
+    garbled = "001000000000000:2025-02"  # in the first batch, which takes the fault
+    sim_state.faults.push(Fault.alter_result(garbled, id="a0M\x00garbled"))
+    runner = make_runner(make_config(seed(bq_client), batch_size=10), sim_state, job_name=job())
+    result = runner.run(context())
+    assert (result.succeeded, result.retryable_failed) == (29, 1)
+    (row,) = by_status(runner)["retryable_failed"]
+    assert (row["external_id"], row["error_code"], row["crm_record_id"]) == (garbled, "UNACCOUNTED", None)
+    assert len(sim_state.records(OBJ)) == 30  # the write was applied: the next run finds it

@@ -285,6 +285,18 @@ def test_a_canary_for_an_external_id_not_in_the_source_fails_naming_it(bq_client
     assert sim_state.calls().get("upsert", 0) == 0  # not even the one that exists
 
 
+def test_a_canary_names_its_missing_external_id_even_when_another_is_duplicated_in_the_source(
+        bq_client, make_runner, sim_state):
+    source = seed(bq_client)
+    bq_client.query(f"INSERT INTO `{source}.month_end_arr` SELECT * FROM `{source}.month_end_arr` "
+                    "WHERE account_id = '001000000000000' AND month_start = DATE '2025-03-01'").result()
+    wanted = ("001000000000000:2025-03", "001999999999999:2025-01")  # two rows selected for two ids asked for
+    result = make_runner(make_config(source), sim_state, job_name=job()).run(context(external_ids=wanted))
+    assert result.status == "failed" and result.exit_code == 1
+    assert "1 of the 2 external IDs asked for are not in the source: 001999999999999:2025-01" in result.error_message
+    assert sim_state.calls().get("upsert", 0) == 0
+
+
 def test_a_nul_byte_in_a_source_text_field_fails_the_mapping_check_before_any_write(bq_client, make_runner,
                                                                                    sim_state):
     source = seed(bq_client, rows=24)

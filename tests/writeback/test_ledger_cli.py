@@ -48,6 +48,14 @@ def test_runs_lists_the_newest_first_with_their_counts(ledger, monkeypatch):
     assert [r["run_id"] for r in failed] == ["ledger-1"]
 
 
+def test_runs_filter_by_an_external_id_they_sent(ledger, monkeypatch):
+    sent = json.loads(invoke(monkeypatch, ledger, "runs", "--job", "cli_job", "--external-id",
+                             "001000000000000:2025-10", "--json").output)
+    assert [r["run_id"] for r in sent] == ["ledger-1"]  # the unchanged rerun sent nothing
+    never = invoke(monkeypatch, ledger, "runs", "--external-id", "001999999999999:2025-01")
+    assert never.exit_code == 0 and never.output.strip() == "no writeback runs match"
+
+
 def test_records_filter_by_status_and_external_id(ledger, monkeypatch):
     result = invoke(monkeypatch, ledger, "records", "--job", "cli_job", "--status", "permanent_failed")
     assert result.exit_code == 0, result.output

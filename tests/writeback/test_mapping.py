@@ -128,7 +128,7 @@ class Rogue(Mapper):
     FIELDS = (FieldContract("Month_End_ARR_Key__c", "string", length=40, nillable=False, external_id=True),
               FieldContract("A__c", "string", length=5), FieldContract("On__c", "date"),
               FieldContract("At__c", "datetime"), FieldContract("N__c", "double", precision=4, scale=1),
-              FieldContract("Flag__c", "boolean"))
+              FieldContract("Flag__c", "boolean", nillable=False))
     SOURCE_COLUMNS = {}
 
     def __init__(self, extra):
@@ -182,6 +182,13 @@ def test_mapper_declarations_are_checked():
 
     with pytest.raises(ValueError, match="external ID field cannot be clearable"):
         Unclearable.check_declaration()
+
+
+def test_a_nillable_checkbox_is_refused_where_it_is_declared():
+    # Salesforce never lets a checkbox be null: it is false unless set
+    with pytest.raises(ValueError, match="Flag__c: a boolean .checkbox. field is never nillable in Salesforce"):
+        FieldContract("Flag__c", "boolean")
+    assert not FieldContract("Flag__c", "boolean", nillable=False).nillable
 
 
 def test_the_mapper_declares_each_owned_field_once_with_its_type_and_limits():

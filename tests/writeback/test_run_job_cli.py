@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
 from nexus_pipelines.local.simulators.http import serve_in_thread
-from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
+from nexus_pipelines.local.simulators.nexuscrm import Fault, build_nexuscrm_app
 from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
 
 from .support import new_state, write_config
@@ -67,6 +67,25 @@ def test_run_job_cli_exit_codes(tmp_path, cli_env, source, bq_client):
 
     unknown = runner.invoke(main, ["run-job", "--job", "nope", "--config", path])
     assert unknown.exit_code != 0 and "unknown writeback job" in unknown.output
+
+
+@pytest.mark.parametrize("arrange,args,reason", [
+    (lambda crm: None, ["--external-id", "001999999999999:2025-01"],
+     "1 of the 1 external IDs asked for are not in the source: 001999999999999:2025-01"),
+    (lambda crm: setattr(crm, "api_limit", 1), ["--force"],  # the describe spends it; the upsert is refused
+     "the org's daily API allocation is spent (api-usage=1/1)"),
+    (lambda crm: crm.faults.push(Fault.reject_request("INVALID_FIELD", "No such column 'Renamed__c'")), ["--force"],
+     "NexusCRM rejected the whole upsert request (HTTP 400 INVALID_FIELD: No such column 'Renamed__c')"),
+], ids=["canary-not-in-source", "api-allocation-spent", "whole-request-400"])
+def test_a_run_that_fails_exits_1_with_one_line_saying_why(tmp_path, cli_env, source, arrange, args, reason):
+    arrange(cli_env)
+    result = CliRunner().invoke(main, ["run-job", "--job", "month_end_arr", "--config",
+                                       write_config(tmp_path, source, local_mode=True), *args])
+    assert result.exit_code == 1, result.output
+    summary, dagster_run = result.output.strip().splitlines()
+    assert summary.startswith("month_end_arr run ") and ": failed (" in summary and reason in summary, summary
+    assert summary.count("month_end_arr run ") == 1, summary  # the run is named once
+    assert dagster_run.startswith("Dagster run ") and "Traceback" not in result.output
 
 
 def outbound_run_ids(control_dsn) -> set[str]:

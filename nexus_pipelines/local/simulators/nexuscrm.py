@@ -82,6 +82,7 @@ class FaultKind(Enum):
     FAIL_AFTER_APPLY = "fail_after_apply"
     TIMEOUT_AFTER_APPLY = "timeout_after_apply"
     REORDER_RESULTS = "reorder_results"
+    ALTER_RESULT = "alter_result"
     REJECT_REQUEST = "reject_request"
 
 
@@ -95,6 +96,7 @@ class Fault:
     hang_s: float = 0.0
     error_code: str = ""
     message: str = ""
+    result_changes: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def status(cls, status_code: int, retry_after: int | str | None = None) -> Fault:
@@ -132,6 +134,12 @@ class Fault:
         """Apply the writes, then answer with every result moved one slot on (a broken
         gateway or CRM; Salesforce documents results in request order)."""
         return cls(FaultKind.REORDER_RESULTS)
+
+    @classmethod
+    def alter_result(cls, external_id: str, **changes: Any) -> Fault:
+        """Apply the writes, then answer this record's result with `changes` merged in (a CRM or
+        a gateway that garbles an answer, for example an `id` of the wrong shape)."""
+        return cls(FaultKind.ALTER_RESULT, external_ids=frozenset({external_id}), result_changes=dict(changes))
 
     @classmethod
     def reject_request(cls, error_code: str, message: str, status_code: int = 400) -> Fault:
@@ -534,9 +542,13 @@ def _after_apply(fault: Fault | None, results: list[Any], key_field: str, record
         return SimResponse(504, b"", {}, hang_s=fault.hang_s)
     if kind is FaultKind.REORDER_RESULTS:
         results = results[-1:] + results[:-1]
+    keys = [str(r.get(key_field)) if isinstance(r, dict) else None for r in records]
+    chosen = [i for i, key in enumerate(keys) if fault and key in fault.external_ids]
+    if kind is FaultKind.ALTER_RESULT:
+        for i in chosen:
+            results[i] = {**results[i], **fault.result_changes}
     if kind is FaultKind.DROP_RESULT:
-        keys = [str(r.get(key_field)) if isinstance(r, dict) else None for r in records]
-        for i in reversed([i for i, key in enumerate(keys) if key in fault.external_ids]):
+        for i in reversed(chosen):
             if fault.keep_position:
                 results[i] = None
             else:

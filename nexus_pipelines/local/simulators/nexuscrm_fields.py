@@ -20,7 +20,7 @@ from datetime import date, datetime
 from decimal import Decimal
 from typing import Any
 
-from nexus_pipelines.integrations.nexuscrm import NUMBER_TYPES, FieldContract
+from nexus_pipelines.integrations.nexuscrm import NUMBER_TYPES, FieldContract, check_checkbox
 
 TEXT_TYPES = frozenset({"string", "textarea", "id"})
 TYPES = TEXT_TYPES | NUMBER_TYPES | frozenset({"boolean", "date", "datetime"})
@@ -43,7 +43,7 @@ class RequestRejected(Exception):
 @dataclass(frozen=True)
 class FieldSpec:
     """One field of an object's describe. Text fields need a length, number fields a
-    precision (and scale), as in Salesforce."""
+    precision (and scale), and a checkbox (boolean) is never nillable, as in Salesforce."""
 
     name: str
     type: str = "string"
@@ -66,6 +66,7 @@ class FieldSpec:
                 self.type in NUMBER_TYPES and not self.precision):
             raise ValueError(f"{self.name}: a {self.type} field needs 1 <= precision <= {MAX_PRECISION} and a scale "
                              "no larger")
+        check_checkbox(self.name, self.type, self.nillable)  # its describe says nillable: false, as Salesforce's
 
     @classmethod
     def from_contract(cls, contract: FieldContract, **overrides: Any) -> FieldSpec:
