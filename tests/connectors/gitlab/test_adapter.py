@@ -121,9 +121,10 @@ def test_an_issue_of_another_project_or_over_limit_fails_the_page(world):
 def test_incidents_are_ingested_and_other_types_excluded_by_config(world):
     world.state.add_issue(PROJECT_ID, title="an incident", issue_type="incident")
     world.state.add_issue(PROJECT_ID, title="a test case", issue_type="test_case")
+    world.state.add_issue(PROJECT_ID, title="a work item type of a newer GitLab", issue_type="requirement")
     page = fetch(world)
     assert isinstance(page, ExternalIssuePage) and [i.title for i in page.issues] == ["an incident"]
-    assert page.excluded == 1
+    assert page.excluded == 2
 
 
 def test_a_next_link_to_another_origin_is_refused(world):
