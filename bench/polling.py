@@ -1,6 +1,6 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
-    python bench/polling.py --provider gitlab|github|jira|all [--issues 10000] [--close-backs 1000]
+    python bench/polling.py --provider gitlab|github|jira|both|all [--issues 10000] [--close-backs 1000]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
@@ -17,7 +17,7 @@ simulator in process (its time is measured at the transport and subtracted):
    hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
 
 Each provider prints one JSON line; the last line of stdout is one JSON object (with
-`all`, every provider's object under its name).
+`both` (GitLab and GitHub) or `all`, every provider's object under its name).
 """
 
 from __future__ import annotations
@@ -182,6 +182,9 @@ def _database(admin: str, name: str):
     return dsn, make_pool(dsn, max_size=8)
 
 
+GROUPS = {"both": ["github", "gitlab"], "all": sorted(PROVIDERS)}
+
+
 def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     from nexus_pipelines.connectors.core import store
     from nexus_pipelines.connectors.core.tick import poll
@@ -300,7 +303,7 @@ def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: in
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--provider", choices=[*sorted(PROVIDERS), "all"], default="gitlab")
+    parser.add_argument("--provider", choices=[*sorted(PROVIDERS), *GROUPS], default="gitlab")
     parser.add_argument("--issues", type=int, default=10_000)
     parser.add_argument("--close-backs", type=int, default=1_000)
     args = parser.parse_args()
@@ -316,7 +319,7 @@ def main() -> int:
     else:
         server = EmbeddedPostgres(folder / "pg")  # default settings: fsync on, as in production
         admin = server.start().dsn()
-    providers = sorted(PROVIDERS) if args.provider == "all" else [args.provider]
+    providers = GROUPS.get(args.provider, [args.provider])
     results = {}
     try:
         for provider in providers:
