@@ -306,3 +306,11 @@ def test_the_cursor_round_trips_and_refuses_garbage():
                 "gh1;n=1;since=-;from=-;hwm=-;etag=-;next=https://evil.example.com/x"):
         with pytest.raises(ValueError):
             GitHubCursor.decode(bad)
+
+
+@pytest.mark.parametrize("hwm", ["0001-01-01000+0001", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59-00:01"])
+def test_a_cursor_time_outside_what_a_cursor_holds_is_a_contract_violation(world, hwm):
+    # found by tests/connectors/github/test_fuzz.py (the first token): re-encoding it raised OverflowError
+    result = fetch(world.adapter(), f"gh1;n=0;since=-;from=-;hwm={hwm};etag=0;next=/")
+    assert isinstance(result, FetchFailure) and result.reason == "contract_violation"
+    assert "out of range" in result.detail
