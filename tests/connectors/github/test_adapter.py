@@ -22,10 +22,10 @@ from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCre
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
 from nexus_pipelines.connectors.github.limits import RESET_SLACK_S
 from nexus_pipelines.connectors.provider_http import Deadline
-from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit
+from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit, issue_payload
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.github.harness import APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
+from tests.connectors.github.harness import API_URL, APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
 from tests.connectors.github.keys import new_key_pair
 
 
@@ -289,6 +289,35 @@ def test_payloads_are_validated_strictly(world):
     world.state.update_issue(REPOSITORY_ID, 1, body="x" * 1_048_577)
     result = fetch(adapter)
     assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "description" in result.detail
+
+
+def listed(world, number: int = 1) -> dict:
+    """Issue `number` as the simulator lists it."""
+    return issue_payload(world.state.issue(REPOSITORY_ID, number), world.state.repositories[REPOSITORY_ID], API_URL)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("number", True), ("number", 1.0), ("id", "1"), ("user", {"id": "8", "login": "u"}),  # no JSON integers
+    ("updated_at", 1793523600), ("updated_at", "1793523600"),  # epoch seconds
+    ("updated_at", "2026-11-01T09:00:00"),  # no zone
+    ("updated_at", "0001-01-01T00:00:00+00:01"), ("updated_at", "0001-01-01T00:00:00Z"),  # before any cursor time
+])
+def test_a_listed_number_is_a_json_integer_and_a_time_zoned_iso_text(world, field, value):
+    # found by tests/connectors/github/test_fuzz.py: `"number": true` was issue 1
+    world.add_issues(2)
+    body = [listed(world, 1), {**listed(world, 2), field: value}]
+    world.state.faults.push("list_issues", Fault(status=200, body=body))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and field in result.detail
+
+
+def test_a_pull_request_with_a_zone_less_time_is_invalid_payload_not_a_comparison_error(world):
+    world.add_issues(1)
+    world.add_excluded_item()
+    pull = {**listed(world, 2), "updated_at": "2026-11-01T09:00:00"}
+    world.state.faults.push("list_issues", Fault(status=200, body=[listed(world, 1), pull]))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "updated_at" in result.detail
 
 
 def test_a_deleted_author_maps_to_the_ghost_user(world):
