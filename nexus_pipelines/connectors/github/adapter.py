@@ -17,6 +17,7 @@ marker, and, for the close, the issue's state is read.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -67,6 +68,9 @@ from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, orig
 KIND = "github"
 API_VERSION = "2022-11-28"
 COMPOSE_BUDGET_MS = 10_000
+# an entity tag the cursor can carry: RFC 9110's `[W/]"etagc*"`, without the `;` that
+# separates cursor fields; any other ETag is not kept (the next scan asks unconditionally)
+_ETAG = re.compile(r'(W/)?"[\x21\x23-\x3a\x3c-\x7e]*"')
 
 
 # -- strict raw payloads (only what is mapped; GitHub sends many more keys) -------------
@@ -259,14 +263,19 @@ class GitHubConnector:
                                     detail=f"issue {item.number}: {first_error(exc)}")
         link = next_link(response)
         if link is not None:
-            parsed = httpx.URL(link)
+            try:
+                parsed = httpx.URL(link)
+            except httpx.InvalidURL:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail="the next-page link is not a URL")
             if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail="the next-page link points outside the configured API")
             link = parsed.raw_path.decode("ascii")
         page_max = max((item.updated_at for item, _, _ in items), default=None)
-        token = cursor.after_page(page_max=page_max, served=served_at(response), etag=response.headers.get("ETag"),
-                                  next_link=link).encode()
+        etag = response.headers.get("ETag")
+        etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
+        token = cursor.after_page(page_max=page_max, served=served_at(response), etag=etag, next_link=link).encode()
         if len(token) > CURSOR_MAX_CHARS:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")

@@ -20,7 +20,7 @@ from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePa
 from nexus_pipelines.connectors.github import SPEC
 from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
-from nexus_pipelines.connectors.github.limits import RESET_SLACK_S
+from nexus_pipelines.connectors.github.limits import MAX_RESET_WAIT_S, RESET_SLACK_S
 from nexus_pipelines.connectors.provider_http import Deadline
 from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit, issue_payload
 from nexus_pipelines.local.simulators.http import Fault
@@ -335,6 +335,42 @@ def test_the_cursor_round_trips_and_refuses_garbage():
                 "gh1;n=1;since=-;from=-;hwm=-;etag=-;next=https://evil.example.com/x"):
         with pytest.raises(ValueError):
             GitHubCursor.decode(bad)
+
+
+_NEXT = f'<{API_URL}/repositories/{REPOSITORY_ID}/issues?after=x&page=2>; rel="next"'
+
+
+@pytest.mark.parametrize("headers", [
+    {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "\u00b2".encode("latin-1")},  # isdigit(), yet no int
+    {"Date": "Fri, 31 Dec 9999 23:59:59 -0100"},  # the year 10000 in UTC
+    {"ETag": "\x7f", "Link": _NEXT}, {"ETag": 'W/"a;b"', "Link": _NEXT},  # no ETag a cursor field can carry
+])
+def test_garbage_response_headers_leave_a_typed_page_whose_cursor_reads_back(world, headers):
+    # found by tests/connectors/github/test_fuzz.py: each of these escaped as an exception or an unreadable cursor
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers=headers))
+    page = fetch(world.adapter())
+    assert isinstance(page, ExternalIssuePage) and GitHubCursor.decode(page.next_cursor).etag is None
+
+
+def test_an_etag_a_cursor_can_carry_is_kept_for_the_next_request(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={"ETag": 'W/"0a1b"', "Link": _NEXT}))
+    assert GitHubCursor.decode(fetch(world.adapter()).next_cursor).etag == 'W/"0a1b"'
+
+
+def test_a_rate_limit_reset_beyond_any_clock_is_a_days_wait(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={
+        "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9" * 400}))
+    adapter = world.adapter()
+    page = fetch(adapter)
+    held = fetch(adapter, page.next_cursor)
+    assert isinstance(held, FetchFailure) and held.reason == "throttled" and "nothing was sent" in held.detail
+    assert MAX_RESET_WAIT_S - 5 <= held.retry_after_seconds <= MAX_RESET_WAIT_S
+
+
+def test_a_next_link_that_is_no_url_is_invalid_payload(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={"Link": '<\x7f>; rel="next"'}))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "not a URL" in result.detail
 
 
 @pytest.mark.parametrize("hwm", ["0001-01-01000+0001", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59-00:01"])
