@@ -138,10 +138,11 @@ def next_link(response: httpx.Response) -> str | None:
 
 
 def served_at(response: httpx.Response) -> datetime | None:
-    """The provider's clock when it answered (its `Date` header), or None."""
+    """The provider's clock when it answered (its `Date` header), or None (also for a date that
+    is no UTC datetime: 31 Dec 9999 23:59 -0100 is in the year 10000)."""
     try:
         return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         return None
 
 

@@ -13,6 +13,9 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlsplit
 
 NONE = "-"
+# the earliest time a cursor holds: a scan starts an overlap before a time it saw, and that
+# subtraction must stay inside datetime's range (no provider time is anywhere near this old)
+EARLIEST = datetime.min.replace(tzinfo=UTC) + timedelta(days=1)
 
 
 class CursorError(ValueError):
@@ -25,6 +28,15 @@ def format_time(value: datetime | None, timespec: str = "milliseconds") -> str:
     return value.astimezone(UTC).isoformat(timespec=timespec).replace("+00:00", "Z")
 
 
+def holdable(moment: datetime) -> bool:
+    """Whether a zoned `moment` is a time a cursor can hold: one UTC datetime, from EARLIEST on
+    (31 Dec 9999 23:59 -01:00 is in the year 10000, 1 Jan 0001 00:00 +01:00 in the year 0)."""
+    try:
+        return moment.astimezone(UTC) >= EARLIEST
+    except OverflowError:
+        return False
+
+
 def parse_time(value: str) -> datetime | None:
     if value == NONE:
         return None
@@ -34,6 +46,8 @@ def parse_time(value: str) -> datetime | None:
         raise CursorError(f"cursor time {value!r} is not ISO 8601") from None
     if moment.tzinfo is None:
         raise CursorError("cursor times carry a zone")
+    if not holdable(moment):
+        raise CursorError(f"cursor time {value!r} is out of range")
     return moment
 
 

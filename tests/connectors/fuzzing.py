@@ -17,11 +17,20 @@ json_values = st.recursive(
 )
 
 
+def answering_transport(body: bytes, headers=None, *, answer=None) -> httpx.MockTransport:
+    """A transport that answers every request with `body`, except those `answer(request)` answers
+    itself (it returns a response, or None to leave the request to `body`): a credential
+    exchange, say, that must succeed before the fuzzed request is sent."""
+    def handler(request):
+        answered = answer(request) if answer is not None else None
+        return answered if answered is not None else httpx.Response(
+            200, content=body, headers=headers or {"Date": "Sun, 01 Nov 2026 09:00:00 GMT"})
+    return httpx.MockTransport(handler)
+
+
 def adapter_answering(world, body: bytes, headers=None):
     """`world`'s adapter over a transport that answers every request with `body`."""
-    def handler(request):
-        return httpx.Response(200, content=body, headers=headers or {"Date": "Sun, 01 Nov 2026 09:00:00 GMT"})
-    return world.adapter(transport=httpx.MockTransport(handler))
+    return world.adapter(transport=answering_transport(body, headers))
 
 
 def check(result):

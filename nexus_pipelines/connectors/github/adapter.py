@@ -19,13 +19,14 @@ marker, and, for the close, the issue's state is read.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SecretStr, TypeAdapter, ValidationError
 
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.values import (
@@ -63,16 +64,38 @@ from nexus_pipelines.connectors.provider_http import (
     send,
     served_at,
 )
+from nexus_pipelines.connectors.scan_cursor import holdable
 from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
 
 KIND = "github"
 API_VERSION = "2022-11-28"
 COMPOSE_BUDGET_MS = 10_000
+# an entity tag the cursor can carry: RFC 9110's `[W/]"etagc*"`, without the `;` that
+# separates cursor fields; any other ETag is not kept (the next scan asks unconditionally)
+_ETAG = re.compile(r'(W/)?"[\x21\x23-\x3a\x3c-\x7e]*"')
 
 
 # -- strict raw payloads (only what is mapped; GitHub sends many more keys) -------------
 
 _RAW = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+
+def _timestamp(value: object) -> datetime:
+    """GitHub's timestamps are ISO 8601 text with a zone: not epoch seconds (a number, or a
+    string of digits, which lax parsing would take for one), not a zone-less local time."""
+    if not isinstance(value, str):
+        raise ValueError("a timestamp is ISO 8601 text")
+    moment = datetime.fromisoformat(value)
+    if moment.utcoffset() is None:
+        raise ValueError("a timestamp carries a zone")
+    if not holdable(moment):  # it becomes the cursor's high-water mark
+        raise ValueError("a timestamp is out of range")
+    return moment
+
+
+# the listing is validated strictly from the parsed JSON (a bool, a float or a digit string
+# is no int), and the one type JSON cannot carry is read from its text here
+Timestamp = Annotated[datetime, PlainValidator(_timestamp)]
 
 
 class _User(BaseModel):
@@ -91,7 +114,7 @@ class _Item(BaseModel):
 
     model_config = _RAW
     number: int = Field(gt=0)
-    updated_at: datetime
+    updated_at: Timestamp
 
 
 class _Issue(_Item):
@@ -105,11 +128,6 @@ class _Issue(_Item):
 
 
 _ITEMS = TypeAdapter(list[dict])
-
-
-def _lax(model: type[BaseModel], data: object) -> BaseModel:
-    # JSON gives timestamps as strings: strict types, lax only where JSON cannot say more
-    return model.model_validate(data, strict=False) if isinstance(data, dict) else model.model_validate(data)
 
 
 def _first_page_params(since: datetime | None, page_size: int) -> dict:
@@ -238,7 +256,7 @@ class GitHubConnector:
     def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
         try:
             raw = _ITEMS.validate_json(response.content)
-            items = [(_lax(_Item, d), "pull_request" in d, d) for d in raw]
+            items = [(_Item.model_validate(d), "pull_request" in d, d) for d in raw]
         except ValidationError as exc:
             if body_is_truncated(exc):
                 return FetchFailure(retry_class="retryable", reason="transport_protocol",
@@ -251,20 +269,25 @@ class GitHubConnector:
                 excluded += 1
                 continue
             try:
-                issues.append(self._map(_lax(_Issue, data)))
+                issues.append(self._map(_Issue.model_validate(data)))
             except ValidationError as exc:
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail=f"issue {item.number}: {first_error(exc)}")
         link = next_link(response)
         if link is not None:
-            parsed = httpx.URL(link)
+            try:
+                parsed = httpx.URL(link)
+            except httpx.InvalidURL:
+                return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                                    detail="the next-page link is not a URL")
             if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail="the next-page link points outside the configured API")
             link = parsed.raw_path.decode("ascii")
+        etag = response.headers.get("ETag")
+        etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
         token = cursor.after_page(updated=[item.updated_at for item, _, _ in items], served=served_at(response),
-                                  etag=response.headers.get("ETag"), next_link=link,
-                                  first_page=self._first_page_path(page_size)).encode()
+                                  etag=etag, next_link=link, first_page=self._first_page_path(page_size)).encode()
         if len(token) > CURSOR_MAX_CHARS:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")

@@ -22,13 +22,17 @@ from nexus_pipelines.integrations.http import origin_of, parse_retry_after
 
 SECONDARY_MIN_WAIT_S = 60.0
 RESET_SLACK_S = 1.0  # GitHub's reset second has begun, not necessarily passed
+MAX_RESET_WAIT_S = 86_400.0  # a reset further ahead is a day's wait (core throttles no longer either)
 
 
 def _reset_wait(response: httpx.Response, clock: ProviderClock) -> float | None:
     reset = response.headers.get("x-ratelimit-reset", "")
-    if response.headers.get("x-ratelimit-remaining") != "0" or not reset.isdigit():
+    # ASCII digits only ("²".isdigit() is true, int() refuses it); compared before any float
+    # arithmetic, so an epoch of hundreds of digits is a day's wait, not an OverflowError
+    if response.headers.get("x-ratelimit-remaining") != "0" or not (reset.isascii() and reset.isdigit()):
         return None
-    return max(int(reset) - clock.now(), 0.0) + RESET_SLACK_S
+    now, at = clock.now(), int(reset)
+    return (MAX_RESET_WAIT_S if at > now + MAX_RESET_WAIT_S else max(at - now, 0.0)) + RESET_SLACK_S
 
 
 def throttle_wait(response: httpx.Response, clock: ProviderClock) -> float | None:

@@ -731,12 +731,13 @@ class Endpoints:
         return SimResponse.json(200, issue_payload(issue, self.repo, self.api))
 
 
-def app_key_pair() -> tuple[str, str]:
-    """(private PEM, public PEM) of a fresh 2048-bit App key: made when needed, never stored."""
+def app_key_pair(key_size: int = 2048) -> tuple[str, str]:
+    """(private PEM, public PEM) of a fresh App key (2048-bit, as GitHub makes them): made
+    when needed, never stored."""
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import rsa
 
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=key_size)
     private = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                 serialization.NoEncryption()).decode()
     public = key.public_key().public_bytes(serialization.Encoding.PEM,

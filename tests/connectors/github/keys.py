@@ -13,3 +13,11 @@ new_key_pair = app_key_pair
 def shared_key_pair() -> tuple[str, str]:
     """One key pair per test process (generating RSA keys is the slow part of a world)."""
     return app_key_pair()
+
+
+@lru_cache(maxsize=1)
+def short_key_pair() -> tuple[str, str]:
+    """One 1024-bit pair per test process, for tests that compose hundreds of adapters: every
+    composition signs an App JWT, and loading a 2048-bit PEM key to sign is ten times slower
+    (PyJWT warns about the length: `InsecureKeyLengthWarning`)."""
+    return app_key_pair(key_size=1024)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 
 import jwt
@@ -20,12 +20,12 @@ from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePa
 from nexus_pipelines.connectors.github import SPEC
 from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
-from nexus_pipelines.connectors.github.limits import RESET_SLACK_S
+from nexus_pipelines.connectors.github.limits import MAX_RESET_WAIT_S, RESET_SLACK_S
 from nexus_pipelines.connectors.provider_http import Deadline
-from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit
+from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit, issue_payload
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.github.harness import APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
+from tests.connectors.github.harness import API_URL, APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
 from tests.connectors.github.keys import new_key_pair
 
 
@@ -319,6 +319,35 @@ def test_payloads_are_validated_strictly(world):
     assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "description" in result.detail
 
 
+def listed(world, number: int = 1) -> dict:
+    """Issue `number` as the simulator lists it."""
+    return issue_payload(world.state.issue(REPOSITORY_ID, number), world.state.repositories[REPOSITORY_ID], API_URL)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("number", True), ("number", 1.0), ("id", "1"), ("user", {"id": "8", "login": "u"}),  # no JSON integers
+    ("updated_at", 1793523600), ("updated_at", "1793523600"),  # epoch seconds
+    ("updated_at", "2026-11-01T09:00:00"),  # no zone
+    ("updated_at", "0001-01-01T00:00:00+00:01"), ("updated_at", "0001-01-01T00:00:00Z"),  # before any cursor time
+])
+def test_a_listed_number_is_a_json_integer_and_a_time_zoned_iso_text(world, field, value):
+    # found by tests/connectors/github/test_fuzz.py: `"number": true` was issue 1
+    world.add_issues(2)
+    body = [listed(world, 1), {**listed(world, 2), field: value}]
+    world.state.faults.push("list_issues", Fault(status=200, body=body))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and field in result.detail
+
+
+def test_a_pull_request_with_a_zone_less_time_is_invalid_payload_not_a_comparison_error(world):
+    world.add_issues(1)
+    world.add_excluded_item()
+    pull = {**listed(world, 2), "updated_at": "2026-11-01T09:00:00"}
+    world.state.faults.push("list_issues", Fault(status=200, body=[listed(world, 1), pull]))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "updated_at" in result.detail
+
+
 def test_a_deleted_author_maps_to_the_ghost_user(world):
     world.add_issues(1)
     world.state.issue(REPOSITORY_ID, 1).user = None
@@ -334,3 +363,51 @@ def test_the_cursor_round_trips_and_refuses_garbage():
                 "gh1;n=1;since=-;from=-;hwm=-;etag=-;next=https://evil.example.com/x"):
         with pytest.raises(ValueError):
             GitHubCursor.decode(bad)
+
+
+_NEXT = f'<{API_URL}/repositories/{REPOSITORY_ID}/issues?after=x&page=2>; rel="next"'
+
+
+@pytest.mark.parametrize("headers", [
+    {"x-ratelimit-remaining": "0", "x-ratelimit-reset": "\u00b2".encode("latin-1")},  # isdigit(), yet no int
+    {"Date": "Fri, 31 Dec 9999 23:59:59 -0100"},  # the year 10000 in UTC
+    {"ETag": "\x7f"}, {"ETag": 'W/"a;b"'},  # no ETag a cursor field can carry
+])
+def test_garbage_response_headers_leave_a_typed_page_whose_cursor_reads_back(world, headers):
+    # found by tests/connectors/github/test_fuzz.py: each of these escaped as an exception or an unreadable cursor
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers=headers))
+    page = fetch(world.adapter(), _SAME_SINCE)
+    assert isinstance(page, ExternalIssuePage) and GitHubCursor.decode(page.next_cursor).etag is None
+
+
+# A one-page scan whose next scan asks the same question (its `since` stays): its ETag is kept.
+_SAME_SINCE = GitHubCursor(seq=1, since=datetime(2099, 1, 1, tzinfo=UTC)).encode()
+
+
+def test_an_etag_a_cursor_can_carry_is_kept_for_the_next_request(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={"ETag": 'W/"0a1b"'}))
+    assert GitHubCursor.decode(fetch(world.adapter(), _SAME_SINCE).next_cursor).etag == 'W/"0a1b"'
+
+
+def test_a_rate_limit_reset_beyond_any_clock_is_a_days_wait(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={
+        "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9" * 400}))
+    adapter = world.adapter()
+    page = fetch(adapter)
+    held = fetch(adapter, page.next_cursor)
+    assert isinstance(held, FetchFailure) and held.reason == "throttled" and "nothing was sent" in held.detail
+    assert MAX_RESET_WAIT_S - 5 <= held.retry_after_seconds <= MAX_RESET_WAIT_S
+
+
+def test_a_next_link_that_is_no_url_is_invalid_payload(world):
+    world.state.faults.push("list_issues", Fault(status=200, body=[], headers={"Link": '<\x7f>; rel="next"'}))
+    result = fetch(world.adapter())
+    assert isinstance(result, FetchFailure) and result.reason == "invalid_payload" and "not a URL" in result.detail
+
+
+@pytest.mark.parametrize("hwm", ["0001-01-01000+0001", "0001-01-01T00:00:00Z", "9999-12-31T23:59:59-00:01"])
+def test_a_cursor_time_outside_what_a_cursor_holds_is_a_contract_violation(world, hwm):
+    # found by tests/connectors/github/test_fuzz.py (the first token): re-encoding it raised OverflowError
+    result = fetch(world.adapter(), f"gh1;n=0;since=-;from=-;hwm={hwm};etag=0;next=/")
+    assert isinstance(result, FetchFailure) and result.reason == "contract_violation"
+    assert "out of range" in result.detail
