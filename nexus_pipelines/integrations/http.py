@@ -134,7 +134,7 @@ def parse_retry_after(value: str | None, now: datetime | None = None) -> float |
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²".isdigit() is true
         return float(value)
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -85,3 +85,4 @@ def test_retry_after_seconds_and_http_dates():
     assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0
     assert parse_retry_after("7") == 7.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
+    assert parse_retry_after("\u00b2") is None  # str.isdigit() accepts it, int() does not
