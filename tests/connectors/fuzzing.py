@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.values import ExternalIssue, ExternalIssuePage, FetchFailure, FetchIssuePage
+from nexus_pipelines.connectors.scan_cursor import CursorError
 from tests.connectors.conformance.suite import _attempt
 
 json_values = st.recursive(
@@ -48,4 +49,20 @@ def fetch_checked(adapter, *, retried: bool = True):
     result = (RetryExecutor(sleep=lambda s: None).fetch(adapter, request)[0] if retried
               else adapter.fetch_page(request, _attempt()))
     check(result)
+    return result
+
+
+# Printable tokens of any shape: what a stored cursor could have been corrupted into.
+cursor_text = st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1, max_size=300)
+
+
+def check_cursor_token(token: str, decode, adapter):
+    """A token the provider's cursor cannot decode is a typed failure; one it can is a typed page."""
+    try:
+        decoded = decode(token)
+    except CursorError:
+        decoded = None
+    result = adapter.fetch_page(FetchIssuePage(cursor=token, page_size=5), _attempt())
+    check(result)
+    assert (decoded is None) == isinstance(result, FetchFailure)
     return result

@@ -20,13 +20,12 @@ from hypothesis import strategies as st
 
 from nexus_pipelines.connectors.core.compose import compose
 from nexus_pipelines.connectors.core.registry import ComposeContext
-from nexus_pipelines.connectors.core.values import ExternalIssuePage, FetchFailure, FetchIssuePage
-from nexus_pipelines.connectors.github.cursor import CursorError, GitHubCursor
+from nexus_pipelines.connectors.core.values import ExternalIssuePage
+from nexus_pipelines.connectors.github.cursor import GitHubCursor
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.scan_cursor import NONE
 from nexus_pipelines.local.simulators.github import Issue, Repository, User, issue_payload
-from tests.connectors.conformance.suite import _attempt
-from tests.connectors.fuzzing import answering_transport, check, fetch_checked, json_values
+from tests.connectors.fuzzing import answering_transport, check, check_cursor_token, cursor_text, fetch_checked, json_values
 from tests.connectors.github.harness import API_URL, REPOSITORY_ID, GitHubWorld
 from tests.connectors.github.keys import short_key_pair
 
@@ -158,13 +157,7 @@ _CURSOR_LIKE = st.builds("gh1;n={};since={};from={};hwm={};etag={};next={}".form
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1, max_size=300)
+@given(cursor_text
        | _CURSOR_LIKE)
 def test_arbitrary_cursor_tokens_are_typed_failures_or_valid_cursors(token):
-    try:
-        decoded = GitHubCursor.decode(token)
-    except CursorError:
-        decoded = None
-    result = adapter_answering(b"[]").fetch_page(FetchIssuePage(cursor=token, page_size=5), _attempt())
-    check(result)
-    assert (decoded is None) == isinstance(result, FetchFailure)
+    check_cursor_token(token, GitHubCursor.decode, adapter_answering(b"[]"))

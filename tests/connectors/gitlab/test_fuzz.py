@@ -8,11 +8,10 @@ import json
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_pipelines.connectors.core.values import ExternalIssuePage, FetchFailure, FetchIssuePage
-from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor
-from tests.connectors.conformance.suite import _attempt
+from nexus_pipelines.connectors.core.values import ExternalIssuePage
+from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
 from tests.connectors.fuzzing import adapter_answering as answering
-from tests.connectors.fuzzing import check, fetch_checked, json_values
+from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
 
 VALID = {
@@ -57,12 +56,6 @@ def test_garbage_bodies_and_link_headers_give_typed_results_only(body, link):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1, max_size=300))
+@given(cursor_text)
 def test_arbitrary_cursor_tokens_are_typed_failures_or_valid_cursors(token):
-    try:
-        decoded = GitLabCursor.decode(token)
-    except CursorError:
-        decoded = None
-    result = adapter_answering(b"[]").fetch_page(FetchIssuePage(cursor=token, page_size=5), _attempt())
-    check(result)
-    assert (decoded is None) == isinstance(result, FetchFailure)
+    check_cursor_token(token, GitLabCursor.decode, adapter_answering(b"[]"))

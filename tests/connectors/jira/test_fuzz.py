@@ -10,12 +10,12 @@ import httpx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nexus_pipelines.connectors.core.values import ExternalIssuePage, FetchFailure, FetchIssuePage
+from nexus_pipelines.connectors.core.values import ExternalIssuePage, FetchIssuePage
 from nexus_pipelines.connectors.jira.adf import AdfError, to_adf, to_text
-from nexus_pipelines.connectors.jira.cursor import CursorError, JiraCursor
+from nexus_pipelines.connectors.jira.cursor import JiraCursor
 from tests.connectors.conformance.suite import _attempt
 from tests.connectors.fuzzing import adapter_answering as answering
-from tests.connectors.fuzzing import check, fetch_checked, json_values
+from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
 from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
 
 FIELDS = {
@@ -63,17 +63,9 @@ def test_garbage_bodies_and_dates_give_typed_results_only(body, date):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e), min_size=1, max_size=300))
+@given(cursor_text)
 def test_arbitrary_cursor_tokens_are_typed_failures_or_valid_cursors(token):
-    try:
-        decoded = JiraCursor.decode(token)
-    except CursorError:
-        decoded = None
-    result = adapter_answering(b'{"issues": [], "isLast": true}').fetch_page(
-        FetchIssuePage(cursor=token, page_size=5), _attempt())
-    check(result)
-    assert (decoded is None) == isinstance(result, FetchFailure)
-
+    check_cursor_token(token, JiraCursor.decode, adapter_answering(b'{"issues": [], "isLast": true}'))
 
 @settings(max_examples=100, deadline=None)
 @given(st.datetimes(timezones=st.just(UTC)), st.sampled_from(["Australia/Sydney", "America/Los_Angeles",
