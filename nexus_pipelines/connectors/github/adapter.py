@@ -247,10 +247,12 @@ class GitHubConnector:
         headers = {"If-None-Match": cursor.etag} if cursor.etag else {}
         return f"{self._repo_path()}/issues", _first_page_params(cursor.since, page_size), headers
 
-    def _first_page_path(self, page_size: int) -> Callable[[datetime], str]:
-        """The path of the listing's first page from a `since`, under the immutable repository id
-        (where GitHub's own links point), for a scan that re-anchors on page-number pages."""
-        base = httpx.URL(f"{self._origin}{self._prefix}/repositories/{self._config.repository_id}/issues")
+    def _first_page_path(self, link_path: str, page_size: int) -> Callable[[datetime], str]:
+        """The path of the listing's first page from a `since`, for a scan that re-anchors on
+        page-number pages: the path GitHub's own next link names (under the immutable
+        repository id on GitHub, so a rename mid-scan changes nothing), with a scan start's
+        parameters."""
+        base = httpx.URL(f"{self._origin}{link_path}")
         return lambda since: base.copy_with(params=_first_page_params(since, page_size)).raw_path.decode("ascii")
 
     def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
@@ -273,7 +275,7 @@ class GitHubConnector:
             except ValidationError as exc:
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail=f"issue {item.number}: {first_error(exc)}")
-        link = next_link(response)
+        link, link_path = next_link(response), ""
         if link is not None:
             try:
                 parsed = httpx.URL(link)
@@ -283,11 +285,11 @@ class GitHubConnector:
             if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
                 return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                     detail="the next-page link points outside the configured API")
-            link = parsed.raw_path.decode("ascii")
+            link, link_path = parsed.raw_path.decode("ascii"), parsed.path
         etag = response.headers.get("ETag")
         etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
         token = cursor.after_page(updated=[item.updated_at for item, _, _ in items], served=served_at(response),
-                                  etag=etag, next_link=link, first_page=self._first_page_path(page_size)).encode()
+                                  etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size)).encode()
         if len(token) > CURSOR_MAX_CHARS:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")

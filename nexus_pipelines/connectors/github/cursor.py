@@ -19,8 +19,8 @@ GitHub pages this listing in one of two ways, told apart by the next link:
   items back one position, so following the link would skip one issue older than
   `hwm`, for good. The scan re-anchors instead (`scan_cursor.reanchor`): when the page's
   first item is older than its last item's whole second minus one second, `next`
-  becomes the listing's first page (under `/repositories/<id>/issues`, the same
-  parameters as a scan start, no `If-None-Match`) with `since` at that bound, and
+  becomes the listing's first page (on the path of GitHub's own next link, which is
+  `/repositories/<id>/issues`; the same parameters as a scan start, no `If-None-Match`) with `since` at that bound, and
   `since` becomes the anchor; everything before it was read from consistent first
   pages, and the scan goes on at once (it is not exhausted). The anchor strictly
   increases, so the chain of first pages ends; it costs about one re-read boundary

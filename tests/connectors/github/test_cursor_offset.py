@@ -3,9 +3,12 @@
 
 from datetime import timedelta
 
+import httpx
 import pytest
 
+from nexus_pipelines.connectors.core.values import FetchIssuePage
 from nexus_pipelines.connectors.github.cursor import GitHubCursor, format_time
+from tests.connectors.conformance.suite import _attempt
 from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
 from tests.connectors.github.test_adapter import query_of
 from tests.connectors.offset_paging import first_page_then_next_request
@@ -35,3 +38,30 @@ def test_a_wider_page_reanchors_at_a_fresh_first_page_from_its_last_second_minus
                      "since": format_time(start + timedelta(seconds=1))}
     cursor = GitHubCursor.decode(first.next_cursor)
     assert cursor.since == start + timedelta(seconds=1) and cursor.scan_from is not None and cursor.etag is None
+
+
+class _LinksByRepositoryName(httpx.BaseTransport):
+    """A GitHub whose page links name the repository (`/repos/OWNER/REPO/issues?page=N`)."""
+
+    def __init__(self, inner: httpx.BaseTransport, full_name: str) -> None:
+        self.inner, self.full_name = inner, full_name
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        link = response.headers.get("Link")
+        if link:
+            response.headers["Link"] = link.replace(f"/repositories/{REPOSITORY_ID}/", f"/repos/{self.full_name}/")
+        return response
+
+
+def test_a_reanchored_first_page_is_asked_on_the_path_the_providers_own_links_name(world):
+    start = world.state.clock.now() - timedelta(hours=1)
+    for n, offset in enumerate(seconds([0] * 5 + [2] * 6)):
+        world.add_issue_at(start + offset, title=f"Issue {n}")
+    full_name = world.state.repositories[REPOSITORY_ID].full_name
+    adapter = world.adapter(transport=_LinksByRepositoryName(world.transport, full_name))
+    first = adapter.fetch_page(FetchIssuePage(cursor=None, page_size=10), _attempt())
+    world.transport.requests.clear()
+    adapter.fetch_page(FetchIssuePage(cursor=first.next_cursor, page_size=10), _attempt())
+    (request,) = [r for r in world.transport.requests if r.url.path.endswith("/issues")]
+    assert request.url.path == f"/repos/{full_name}/issues" and "page" not in query_of(request)
