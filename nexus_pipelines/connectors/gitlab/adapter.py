@@ -172,11 +172,17 @@ class GitLabConnector:
         if timeout is None:
             return FetchFailure(retry_class="retryable", reason="timeout", detail="no budget left for the request")
         if cursor.next is not None:
-            url, params = f"{self._origin}{cursor.next}", None
+            url = httpx.URL(f"{self._origin}{cursor.next}")
         else:
-            url, params = self._listing, _first_page_params(cursor.since, request.page_size)
+            url = httpx.URL(self._listing, params=_first_page_params(cursor.since, request.page_size))
         try:
-            response = self._http.get(url, params=params, timeout=timeout, extensions={ENDPOINT: "list_issues"})
+            response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
+            if (response.status_code == 405 and url.params.get("pagination") == "keyset"
+                    and (timeout := Deadline(attempt).timeout())):
+                # a GitLab without keyset pages for this listing refuses them (405): ask for offset
+                # pages, which the cursor re-anchors (one more call per first page on such a server)
+                url = url.copy_remove_param("pagination")
+                response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
         except Exception as exc:  # noqa: BLE001 - every transport failure is classified
             return fetch_failure(exception_problem(exc))
         if response.status_code != 200:
@@ -216,8 +222,9 @@ class GitLabConnector:
         base = httpx.URL(f"{self._origin}{self._listing}")
         token = cursor.after_page(
             updated=[i.updated_at for i in raw], served_at=served_at(response), next_link=link,
+            # a re-anchor happens on offset pages only: the fresh first page asks for offset pages too
             first_page=lambda since: base.copy_with(params=_first_page_params(since, request.page_size))
-            .raw_path.decode("ascii"),
+            .copy_remove_param("pagination").raw_path.decode("ascii"),
         ).encode()
         if len(token) > 1024:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",

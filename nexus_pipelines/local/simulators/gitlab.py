@@ -126,6 +126,9 @@ class GitLabState:
         self.faults = FaultQueue()
         self.rate_limit: RateLimit | None = None
         self.keyset_for_issues = True  # False: `pagination=keyset` is ignored, issues come in offset pages
+        # with keyset_for_issues False: refuse `pagination=keyset` with GitLab's 405 (as endpoints whose
+        # keyset pagination is not available do) instead of ignoring it
+        self.keyset_refused_with_405 = False
         self.note_rate_limit: RateLimit | None = None  # application limit on note creation
         self._window: dict[tuple[str, str, int], int] = Counter()
         self._ids = itertools.count(1000)
@@ -393,11 +396,12 @@ class GitLabSimulator(Simulator):
         issues = [i for i in project.issues.values() if _matches(i, state_filter, issue_type, bounds)]
         issues.sort(key=key, reverse=sort == "desc")
         base = f"{request.base_url}{request.path}"
-        if request.param("pagination") == "keyset" and self.state.keyset_for_issues:
-            if order_by not in KEYSET_ORDERS:
+        if request.param("pagination") == "keyset":
+            if order_by not in KEYSET_ORDERS or (not self.state.keyset_for_issues and self.state.keyset_refused_with_405):
                 return SimResponse.json(405, {"error": "Keyset pagination is not yet available for this type of "
                                                        "request"})
-            return self._keyset_page(request, project, issues, key, sort, per_page, base)
+            if self.state.keyset_for_issues:
+                return self._keyset_page(request, project, issues, key, sort, per_page, base)
         return self._offset_page(request, project, issues, per_page, base)
 
     def _keyset_page(self, request, project, issues, key, sort, per_page, base) -> SimResponse:
