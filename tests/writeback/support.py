@@ -3,9 +3,10 @@ the NexusCRM simulator behind the real client, source seeding and Dagster resour
 
 from __future__ import annotations
 
+import itertools
 import os
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
@@ -15,7 +16,7 @@ from nexus_pipelines.local.simulators.nexuscrm import FieldSpec, NexusCrmState, 
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import parse_config
 from nexus_pipelines.writeback.contract import JobContext
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
+from nexus_pipelines.writeback.jobs.month_end_arr import demo_data
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
 CONFIG_DIR = PROJECT_ROOT / "configs" / "jobs"
@@ -101,6 +102,19 @@ class SimCrm:
 def context(run_id: str | None = None, **kwargs) -> JobContext:
     return JobContext(run_id=run_id or f"run-{uuid.uuid4().hex[:10]}", started_at=datetime.now(UTC),
                       dry_run=kwargs.pop("dry_run", False), **kwargs)
+
+
+# Every seeded source has a load time of its own (whole seconds, as the payload carries it):
+# two tests seeding the same rows in one second wrote equal payloads under the same job's
+# ledger, so the later one found rows "unchanged" that it had never sent.
+_SESSION_LOAD = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=5)
+_loads = itertools.count(1)
+
+
+def seed_source(bq_client, dataset: str, rows: int, **options) -> None:
+    """demo_data.seed_source with a load time no other seed of this test session has."""
+    options.setdefault("finished_at", _SESSION_LOAD - timedelta(seconds=next(_loads)))
+    demo_data.seed_source(bq_client, dataset, rows, **options)
 
 
 def seed(bq_client, rows: int = 30, negative_every: int = 0) -> str:

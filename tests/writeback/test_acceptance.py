@@ -13,10 +13,9 @@ import pytest
 from nexus_pipelines.integrations.nexuscrm import NexusCrmClient, NexusCrmCredentials
 from nexus_pipelines.local.simulators.http import serve_in_thread
 from nexus_pipelines.local.simulators.nexuscrm import build_nexuscrm_app
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
-from .support import SIM_URL, context, make_config, new_state
+from .support import context, make_config, new_state, seed_source, SIM_URL
 
 OBJ = MonthEndArrMapper.TARGET_OBJECT
 KEY = "001000000000001:2025-04"

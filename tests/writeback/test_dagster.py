@@ -12,10 +12,10 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.writeback.assets import asset_keys, build_writeback_assets, source_asset_spec
 from nexus_pipelines.definitions import defs as writeback_defs
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load, seed_source
+from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
 from nexus_pipelines.writeback.registry import get_job
 
-from .support import dagster_resources, new_state, seed, write_config
+from .support import dagster_resources, new_state, seed, seed_source, write_config
 
 DEFINITION = get_job("month_end_arr")
 KEYS = asset_keys(DEFINITION)

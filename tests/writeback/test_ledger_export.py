@@ -7,9 +7,8 @@ import uuid
 import pytest
 
 from nexus_pipelines.writeback.export import export_ledger
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 
-from .support import context, make_config, new_state
+from .support import context, make_config, new_state, seed_source
 
 
 @pytest.fixture(scope="module")

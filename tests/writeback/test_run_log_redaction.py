@@ -8,10 +8,9 @@ import uuid
 import pytest
 
 from nexus_pipelines.local.simulators.nexuscrm import Fault
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.logs import render_event
 
-from .support import context, make_config, new_state
+from .support import context, make_config, new_state, seed_source
 
 
 @pytest.fixture(scope="module")

@@ -6,9 +6,8 @@ import uuid
 
 import pytest
 
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 
-from .support import context, make_config
+from .support import context, make_config, seed_source
 
 
 @pytest.fixture(scope="module")

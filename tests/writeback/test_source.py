@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 from nexus_pipelines.writeback.source import (
     CANDIDATE_TTL,
@@ -24,7 +23,7 @@ from nexus_pipelines.writeback.source import (
     run_readiness,
 )
 
-from .support import make_config
+from .support import make_config, seed_source
 
 READY = ("SELECT 'load-1' AS _outbound_source_run_id, TIMESTAMP '2026-11-01 00:00:00+00' AS _outbound_source_as_of_at, "
          "TRUE AS _outbound_source_ready, CAST(NULL AS STRING) AS _outbound_source_reason")
