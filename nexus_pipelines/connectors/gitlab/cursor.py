@@ -13,12 +13,13 @@ The adapter asks for `pagination=keyset`; what comes back is told apart by the n
   position, and are read again later in the same scan) are never skipped. The link is
   followed exactly as given.
 * **Offset** (any other link: a GitLab that does not offer keyset pagination for issues
-  ignores `pagination=keyset` and answers `page=N` links with `x-page`/`x-next-page`):
+  ignores `pagination=keyset`, or refuses it with 405 and the adapter asks again without
+  it, and answers `page=N` links with `x-page`/`x-next-page`):
   an update or deletion between two requests shifts later items back one position, so
   following the link would skip one issue older than `hwm`, for good. The scan
   re-anchors instead (`scan_cursor.reanchor`): when the page's first item is older than
-  its last item, `next` becomes the listing's first page (the same parameters as a scan
-  start) with `updated_after` at the last item's `updated_at` (inclusive, millisecond
+  its last item, `next` becomes the listing's first page (a scan start's parameters,
+  less `pagination=keyset`) with `updated_after` at the last item's `updated_at` (inclusive, millisecond
   precise, so the last item and its ties are read again), and `since` becomes that
   anchor; everything before it was read from consistent first pages, and the scan goes
   on at once (it is not exhausted). The anchor strictly increases, so the chain of first
