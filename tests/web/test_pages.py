@@ -4,13 +4,17 @@ posts, and the same counts and states after a restart."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
-from nexus_pipelines.control.db import make_pool
 from nexus_pipelines.tickets.web.app import build_app
 from tests.web.support import hidden, seed, text_of
 
@@ -143,46 +147,49 @@ def test_signing_out_ends_the_session_and_a_replayed_cookie_is_refused(pool, see
     assert replay.post(f"/tickets/{seeded.ticket_ids[2]}/priority", data={"csrf": csrf}).status_code == 401
 
 
-def test_board_detail_and_attention_show_the_same_after_a_restart(pool, seeded, control_dsn):
-    def snapshot(browser):
-        board = browser.get("/board").text
-        detail = browser.get(f"/tickets/{seeded.ticket_ids[0]}").text
-        attention = browser.get("/attention").text
-        return (text_of(board, "untriaged-count"), text_of(board, "attention-count"),
-                text_of(detail, "triage-state"), text_of(detail, "priority"),
-                re.findall(r'<tr data-ticket="(\d+)"', attention))
-
-    before = snapshot(signed_in(pool, seeded.commander))
-    restarted_pool = make_pool(control_dsn, max_size=2)  # a new server process: only the database survives
+@contextlib.contextmanager
+def served(control_dsn: str, port: int):
+    """`nexus-pipelines tickets serve` in a process of its own, answering on `port`."""
+    server = subprocess.Popen([sys.executable, "-m", "nexus_pipelines.cli", "tickets", "serve", "--port", str(port)],
+                              env={**os.environ, "NEXUS_PG_DSN": control_dsn},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        after = snapshot(signed_in(restarted_pool, seeded.commander))
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/signin", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert server.poll() is None, server.stdout.read()
+        yield f"http://127.0.0.1:{port}"
     finally:
-        restarted_pool.close()
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def _snapshot(base_url: str, credential: str, ticket_id: int):
+    with httpx.Client(base_url=base_url, timeout=10) as browser:
+        csrf = re.search(r'name="csrf" value="([^"]+)"', browser.get("/signin").text).group(1)
+        assert browser.post("/signin", data={"csrf": csrf, "credential": credential}).status_code == 303
+        board, detail, attention = (browser.get(path).text for path in ("/board", f"/tickets/{ticket_id}",
+                                                                        "/attention"))
+    return (text_of(board, "untriaged-count"), text_of(board, "attention-count"), text_of(detail, "triage-state"),
+            text_of(detail, "priority"), re.findall(r'<tr data-ticket="(\d+)"', attention))
+
+
+def test_board_detail_and_attention_show_the_same_after_a_restart(seeded, control_dsn, free_tcp_port):
+    with served(control_dsn, free_tcp_port) as url:
+        before = _snapshot(url, seeded.commander, seeded.ticket_ids[0])
+    with served(control_dsn, free_tcp_port) as url:  # a new server process: only the database survives
+        after = _snapshot(url, seeded.commander, seeded.ticket_ids[0])
     assert after == before and before[0] == before[1] == str(len(before[4]))
 
 
 def test_tickets_serve_serves_the_pages_over_http(control_dsn, free_tcp_port):
-    import subprocess
-    import sys
-    import time
-
-    import httpx
-
-    server = subprocess.Popen([sys.executable, "-m", "nexus_pipelines.cli", "tickets", "serve", "--port",
-                               str(free_tcp_port)], env={**os.environ, "NEXUS_PG_DSN": control_dsn},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline, answer = time.monotonic() + 30, None
-        while answer is None and time.monotonic() < deadline and server.poll() is None:
-            try:
-                answer = httpx.get(f"http://127.0.0.1:{free_tcp_port}/board", follow_redirects=True, timeout=2)
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert answer is not None, server.stdout.read() if server.poll() is not None else "no answer in 30 s"
-        assert answer.status_code == 200 and answer.url.path == "/signin" and 'name="credential"' in answer.text
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
+    with served(control_dsn, free_tcp_port) as url:
+        answer = httpx.get(f"{url}/board", follow_redirects=True, timeout=5)
+    assert answer.status_code == 200 and answer.url.path == "/signin" and 'name="credential"' in answer.text
 
 
 def test_tickets_serve_refuses_an_unreachable_control_plane_in_one_line():
