@@ -30,9 +30,9 @@ def authorize(conn: Connection, principal: Principal, action: str, tenant: str, 
     """The principal's role on the project if it may take `action` there."""
     role = role_in(conn, principal, tenant, project)
     if role not in MAY[action]:
-        held = f"is {role} of" if role else "has no role on"
-        raise NotAuthorized(f"{principal.actor_id} {held} project {tenant}/{project}; {action} needs "
-                            f"{' or '.join(MAY[action])}")
+        # an actor with no role there is not told which project the ticket belongs to
+        held = f"is {role} of project {tenant}/{project}" if role else "has no role on the ticket's project"
+        raise NotAuthorized(f"{principal.actor_id} {held}; {action} needs {' or '.join(MAY[action])}")
     return role
 
 
