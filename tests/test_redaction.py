@@ -6,6 +6,7 @@ import pytest
 
 from nexus_pipelines.credentials import SecretReferenceError, check_reference, resolve
 from nexus_pipelines.redaction import describe_exception, one_line, redact
+from tests.tokens import gitlab_token, pem_block
 
 
 @pytest.mark.parametrize(
@@ -13,13 +14,13 @@ from nexus_pipelines.redaction import describe_exception, one_line, redact
     [
         ("GET https://user:hunter2pass@gitlab.example.com/api", "hunter2pass"),
         ("Authorization: Bearer abc.def.ghi-123456", "abc.def.ghi-123456"),
-        ("PRIVATE-TOKEN: glpat-abcdefghij0123456789", "glpat-abcdefghij0123456789"),
+        (f"PRIVATE-TOKEN: {gitlab_token('abcdefghij0123456789')}", gitlab_token("abcdefghij0123456789")),
         ("token eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiIxIn0.c2lnbmF0dXJl", "eyJhbGciOiJSUzI1NiJ9"),
         ("KeyError: {'password': 'hunter2', 'api_key': 'sk1234'}", "hunter2"),
         ("bad request api_key='abc123' token='zzz9'", "abc123"),
         ('{"client_secret": "s3cr3t"}', "s3cr3t"),
         ("failed for jane.doe+x@example.com", "jane.doe"),
-        ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", "MIIEow"),
+        (pem_block("RSA PRIVATE KEY", "MIIEow"), "MIIEow"),
         ("opaque 0123456789abcdef0123456789abcdef01 in text", "0123456789abcdef0123456789abcdef01"),
     ],
 )

@@ -8,8 +8,9 @@ from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
 from tests.connectors.served import serve_gitlab
+from tests.tokens import gitlab_token
 
-TOKEN = "glpat-cli-test-0123456789abcdefghij"
+TOKEN = gitlab_token("cli-test-0123456789abcdefghij")
 
 
 def cli(env, *args):
@@ -58,7 +59,7 @@ def test_errors_are_one_line_and_name_what_to_do(tmp_path, control_dsn):
     env = {"NEXUS_PG_DSN": control_dsn, "NEXUS_CONNECTORS_DIR": str(tmp_path)}
     (tmp_path / "bad.yaml").write_text("key: bad\ntenant: acme\nproject: p\nkind: gitlab\nprovider:\n"
                                        "  base_url: https://gitlab.example.com\n  project_id: 1\n"
-                                       "  token: glpat-literal-token-value-0123456\n")
+                                       f"  token: {gitlab_token('literal-token-value-0123456')}\n")
     refused = CliRunner().invoke(main, ["connectors", "list"], env=env)
     assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1
     assert "provider.token" in refused.output and "glpat-literal" not in refused.output

@@ -19,8 +19,9 @@ from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
 from tests.tickets.support import accept
+from tests.tokens import gitlab_token
 
-TOKEN = "glpat-dagster-test-0123456789abcdef"
+TOKEN = gitlab_token("dagster-test-0123456789abcdef")
 
 
 @pytest.fixture

@@ -15,8 +15,9 @@ from nexus_pipelines.local.simulators.gitlab import (
     build_gitlab_app,
 )
 from nexus_pipelines.local.simulators.http import SimulatorTransport, serve_in_thread
+from tests.tokens import gitlab_token
 
-TOKEN = "glpat-simulator-test-0123456789ab"
+TOKEN = gitlab_token("simulator-test-0123456789ab")
 START = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
 
@@ -123,13 +124,13 @@ def test_state_events_are_validated_and_closing_stamps_closed_at(state, client):
 def test_tokens_are_checked_for_presence_project_and_scope(state):
     state.add_issue(1, title="x")
     state.add_project(2, "acme/other")
-    state.add_token("glpat-readonly-0123456789abcdefg", 1, scopes=("read_api",))
+    state.add_token(gitlab_token("readonly-0123456789abcdefg"), 1, scopes=("read_api",))
     transport = SimulatorTransport(GitLabSimulator(state))
     with httpx.Client(base_url="https://gitlab.test/api/v4", transport=transport) as anon:
         assert anon.get("/projects/1/issues").status_code == 401
         assert anon.get("/projects/2/issues", headers={"PRIVATE-TOKEN": TOKEN}).status_code == 404
         assert anon.get("/projects/1/issues", headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
-        readonly = {"PRIVATE-TOKEN": "glpat-readonly-0123456789abcdefg"}
+        readonly = {"PRIVATE-TOKEN": gitlab_token("readonly-0123456789abcdefg")}
         assert anon.post("/projects/1/issues/1/notes", json={"body": "x"}, headers=readonly).status_code == 403
 
 

@@ -9,6 +9,7 @@ from nexus_pipelines.connectors.core.registration import RegistrationError, from
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.connectors.gitlab import SPEC
 from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, REGISTRY, load_registrations
+from tests.tokens import gitlab_token
 
 
 def data(**provider):
@@ -24,7 +25,7 @@ def test_an_edited_config_is_a_new_revision_and_an_unedited_one_is_not():
     assert edited.digest != first.digest and edited.revision_id.startswith("platform@")
 
 
-@pytest.mark.parametrize("token", ["glpat-abcdefghij0123456789", "hunter2hunter2", "env:lower_case"])
+@pytest.mark.parametrize("token", [gitlab_token("abcdefghij0123456789"), "hunter2hunter2", "env:lower_case"])
 def test_a_credential_must_be_a_reference(token):
     with pytest.raises(RegistrationError) as info:
         parse_registration(data(token=token), REGISTRY, source="a.yaml")
@@ -33,10 +34,10 @@ def test_a_credential_must_be_a_reference(token):
 
 def test_secret_looking_literals_anywhere_are_refused_without_echoing_them():
     bad = data()
-    bad["label_map"] = {"bug": "glpat-abcdefghij0123456789"}
+    bad["label_map"] = {"bug": gitlab_token("abcdefghij0123456789")}
     with pytest.raises(RegistrationError, match="registration.label_map.bug looks like a secret") as info:
         parse_registration(bad, REGISTRY, source="a.yaml")
-    assert "glpat-abcdefghij" not in str(info.value)
+    assert gitlab_token("abcdefghij") not in str(info.value)
     with pytest.raises(RegistrationError, match="provider.base_url looks like a secret"):
         parse_registration(data(base_url="https://user:pass@gitlab.example.com"), REGISTRY, source="a.yaml")
 
@@ -71,7 +72,7 @@ def test_composition_resolves_references_and_names_an_unset_one():
     registration = parse_registration(data(), REGISTRY, source="a.yaml")
     with pytest.raises(CompositionError, match="env:GITLAB_TOKEN names an unset environment variable"):
         compose(registration, REGISTRY, environ={})
-    adapter = compose(registration, REGISTRY, environ={"GITLAB_TOKEN": "glpat-a-real-looking-token-value"})
+    adapter = compose(registration, REGISTRY, environ={"GITLAB_TOKEN": gitlab_token("a-real-looking-token-value")})
     assert "glpat" not in repr(adapter)
 
 

@@ -11,6 +11,7 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
+from tests.tokens import gitlab_token
 
 PROJECT_ID = 278964
 BASE_URL = "https://gitlab.example.test"
@@ -44,7 +45,7 @@ class GitLabWorld(SimulatorWorld):
     route = staticmethod(GitLabSimulator.route)
     fault = staticmethod(_fault)
 
-    def __init__(self, *, project_id: int = PROJECT_ID, token: str = "glpat-conformance-0123456789abcd",
+    def __init__(self, *, project_id: int = PROJECT_ID, token: str = gitlab_token("conformance-0123456789abcd"),
                  keyset_for_issues: bool = True) -> None:
         self.state = GitLabState(SimClock(datetime(2026, 11, 1, 9, 0, tzinfo=UTC)))
         self.state.keyset_for_issues = keyset_for_issues  # False: issues come in offset pages

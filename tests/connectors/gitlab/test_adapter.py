@@ -14,6 +14,7 @@ from nexus_pipelines.local.simulators.gitlab import RateLimit
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from tests.tokens import gitlab_token
 
 
 @pytest.fixture
@@ -91,9 +92,9 @@ def test_the_note_creation_limit_sends_no_headers_and_writes_nothing(world):
     (("api",), datetime(2020, 1, 1, tzinfo=UTC), "authentication"),
 ])
 def test_token_scope_and_expiry_are_terminal(scopes, expires, reason):
-    world = GitLabWorld(token="glpat-scoped-0123456789abcdefgh")
+    world = GitLabWorld(token=gitlab_token("scoped-0123456789abcdefgh"))
     world.state.tokens.clear()
-    world.state.add_token("glpat-scoped-0123456789abcdefgh", PROJECT_ID, scopes=scopes, expires_at=expires)
+    world.state.add_token(gitlab_token("scoped-0123456789abcdefgh"), PROJECT_ID, scopes=scopes, expires_at=expires)
     (ref,) = world.add_issues(1)
     result, log = executor().close(world.adapter(), close_command(ref))
     assert isinstance(result, CloseFailure) and result.reason == reason and log.attempts == 1
