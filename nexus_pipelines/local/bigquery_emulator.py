@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -21,6 +19,7 @@ from pathlib import Path
 
 import httpx
 
+from nexus_pipelines.local.pidfile import PidFile
 from nexus_pipelines.local.postgres import StackError
 
 
@@ -82,13 +81,13 @@ class EmulatorProcess:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self._pid_file = root / "bigquery.pid"
+        self._pid_file = PidFile(root / "bigquery.pid")
         self._port_file = root / "bigquery.port"
         self.log_file = root / "bigquery.log"
 
     def url(self) -> str | None:
         """The endpoint when the emulator is running and answering, else None."""
-        if not self._port_file.exists() or self._pid() is None:
+        if not self._port_file.exists() or self._pid_file.pid() is None:
             return None
         url = f"http://127.0.0.1:{int(self._port_file.read_text())}"
         return url if is_serving(url) else None
@@ -109,7 +108,7 @@ class EmulatorProcess:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        self._pid_file.write_text(str(process.pid))
+        self._pid_file.record(process.pid)
         self._port_file.write_text(str(port))
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout_s
@@ -124,35 +123,7 @@ class EmulatorProcess:
         return url
 
     def stop(self) -> bool:
-        pid = self._pid()
-        self._pid_file.unlink(missing_ok=True)
-        if pid is None:
-            return False
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(50):
-            if not _alive(pid):
-                return True
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-        return True
-
-    def _pid(self) -> int | None:
-        if not self._pid_file.exists():
-            return None
-        pid = int(self._pid_file.read_text())
-        return pid if _alive(pid) else None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie child of ours still answers kill(0)
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return True
+        return self._pid_file.stop(grace_s=5.0)
 
 
 def main() -> None:

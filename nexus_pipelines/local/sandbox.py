@@ -16,7 +16,6 @@ environment variables the registrations and job configs name.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from nexus_pipelines.local.pidfile import PidFile
 
 if TYPE_CHECKING:
     from google.cloud import bigquery
@@ -277,13 +278,13 @@ class SandboxProcess:
     def __init__(self, local_dir: Path, ports: Ports = PORTS) -> None:
         self.local_dir = local_dir
         self.ports = ports
-        self._pid_file = local_dir / "sandbox.pid"
+        self._pid_file = PidFile(local_dir / "sandbox.pid")
         self.log_file = local_dir / "sandbox.log"
 
     def running(self) -> bool:
         from nexus_pipelines.local.bigquery_emulator import is_serving
 
-        return self._pid() is not None and is_serving(f"http://127.0.0.1:{self.ports[1]}")
+        return self._pid_file.pid() is not None and is_serving(f"http://127.0.0.1:{self.ports[1]}")
 
     def start(self, *, bq_project: str, emulator_url: str, timeout_s: float = 60.0) -> None:
         from nexus_pipelines.local.bigquery_emulator import is_serving
@@ -299,7 +300,7 @@ class SandboxProcess:
                  "--emulator-url", emulator_url, "--ports", ",".join(map(str, self.ports))],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
-        self._pid_file.write_text(str(process.pid))
+        self._pid_file.record(process.pid)
         deadline = time.monotonic() + timeout_s
         while not all(is_serving(f"http://127.0.0.1:{p}") for p in self.ports):
             if process.poll() is not None or time.monotonic() > deadline:
@@ -310,34 +311,7 @@ class SandboxProcess:
 
     def stop(self) -> bool:
         """Stop it (it saves the trackers' data first); False when it was not running."""
-        pid = self._pid()
-        self._pid_file.unlink(missing_ok=True)
-        if pid is None:
-            return False
-        os.kill(pid, signal.SIGTERM)
-        for _ in range(100):
-            if self._alive(pid) is False:
-                return True
-            time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
-        return True
-
-    def _pid(self) -> int | None:
-        if not self._pid_file.exists():
-            return None
-        pid = int(self._pid_file.read_text())
-        return pid if self._alive(pid) else None
-
-    @staticmethod
-    def _alive(pid: int) -> bool:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        try:  # a zombie child of this process is not alive
-            return os.waitpid(pid, os.WNOHANG) == (0, 0)
-        except ChildProcessError:
-            return True
+        return self._pid_file.stop()
 
 
 def main() -> int:
