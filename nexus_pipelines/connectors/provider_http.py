@@ -26,7 +26,7 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorAttempt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout
+from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
 
 
@@ -59,6 +59,26 @@ def exception_problem(exc: Exception) -> Problem:
     if isinstance(exc, httpx.TransportError):
         return Problem("retryable", "transport_connect", name, maybe_written=True)
     raise exc  # core turns an escaping exception into a contract violation
+
+
+def redirect_problem(response: httpx.Response, what: str, hint: str) -> Problem | None:
+    """A 3xx is terminal and never followed (`hint` says what the move probably was); None otherwise."""
+    status = response.status_code
+    if not 300 <= status < 400:
+        return None
+    where = origin_of(response.headers["Location"]) if response.headers.get("Location") else "elsewhere"
+    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} to {where}{hint}; redirects are never followed")
+
+
+def other_status_problem(response: httpx.Response, what: str, said: str = "") -> Problem:
+    """What an answer means once the provider's own rows (redirects, credentials, limits)
+    are read: 408 and 5xx may have been applied and are retried, any other is terminal."""
+    status = response.status_code
+    if status == 408:
+        return Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
+    if status >= 500:
+        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
+    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} {said}".rstrip())
 
 
 # The longest wait a throttled result carries (the seam's bound): a provider asking for

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 import httpx
 
 from nexus_pipelines.connectors.github.app_auth import ProviderClock, refusal
-from nexus_pipelines.connectors.provider_http import Problem
-from nexus_pipelines.integrations.http import origin_of, parse_retry_after
+from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem
+from nexus_pipelines.integrations.http import parse_retry_after
 
 SECONDARY_MIN_WAIT_S = 60.0
 RESET_SLACK_S = 1.0  # GitHub's reset second has begun, not necessarily passed
@@ -51,10 +51,9 @@ def throttle_wait(response: httpx.Response, clock: ProviderClock) -> float | Non
 def status_problem(response: httpx.Response, what: str, clock: ProviderClock) -> Problem:
     status = response.status_code
     said = refusal(response)
-    if 300 <= status < 400:
-        where = origin_of(response.headers["Location"]) if response.headers.get("Location") else "elsewhere"
-        return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} to {where} (the repository was renamed "
-                                                   "or transferred?); redirects are never followed")
+    moved = redirect_problem(response, what, " (the repository was renamed or transferred?)")
+    if moved is not None:
+        return moved
     if status in (403, 429):
         wait = throttle_wait(response, clock)
         if wait is not None:
@@ -65,9 +64,7 @@ def status_problem(response: httpx.Response, what: str, clock: ProviderClock) ->
     if status == 403:
         return Problem("terminal", "authorization", f"{what}: HTTP 403 {said}: the App lacks issues: write or "
                                                     "metadata: read on the repository")
-    if status >= 500:
-        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
-    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} {said}".rstrip())
+    return other_status_problem(response, what, said)
 
 
 class RateGate:

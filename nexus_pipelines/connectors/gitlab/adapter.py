@@ -46,6 +46,8 @@ from nexus_pipelines.connectors.provider_http import (
     fetch_failure,
     first_error,
     next_link,
+    other_status_problem,
+    redirect_problem,
     send,
     served_at,
 )
@@ -112,12 +114,10 @@ def _throttle_wait(response: httpx.Response) -> float | None:
 
 
 def _status_problem(response: httpx.Response, what: str) -> Problem:
+    moved = redirect_problem(response, what, " (the project moved? check provider.project_id)")
+    if moved is not None:
+        return moved
     status = response.status_code
-    if 300 <= status < 400:
-        where = origin_of(response.headers.get("Location", "")) if response.headers.get("Location") else "elsewhere"
-        return Problem("terminal", "ordinary_4xx",
-                        f"{what}: HTTP {status} to {where} (the project moved?); redirects are never followed, "
-                        "check provider.project_id")
     if status == 401:
         return Problem("terminal", "authentication", f"{what}: HTTP 401; the project access token is invalid, "
                                                       "expired or revoked")
@@ -126,11 +126,7 @@ def _status_problem(response: httpx.Response, what: str) -> Problem:
                                                      "Planner role")
     if status == 429:
         return Problem("retryable", "throttled", f"{what}: HTTP 429", _throttle_wait(response))
-    if status == 408:
-        return Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
-    if status >= 500:
-        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
-    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
+    return other_status_problem(response, what)
 
 
 def _first_page_params(since: datetime | None, page_size: int) -> dict:

@@ -14,8 +14,8 @@ from datetime import datetime
 
 import httpx
 
-from nexus_pipelines.connectors.provider_http import Problem, served_at
-from nexus_pipelines.integrations.http import origin_of, parse_retry_after
+from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem, served_at
+from nexus_pipelines.integrations.http import parse_retry_after
 
 SCOPE_REFUSAL = "scope does not match"
 
@@ -43,10 +43,10 @@ def _scope_refused(response: httpx.Response) -> bool:
 
 
 def status_problem(response: httpx.Response, what: str) -> Problem:
+    moved = redirect_problem(response, what, "")
+    if moved is not None:
+        return moved
     status = response.status_code
-    if 300 <= status < 400:
-        where = origin_of(response.headers["Location"]) if response.headers.get("Location") else "elsewhere"
-        return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status} to {where}; redirects are never followed")
     if status == 401 and _scope_refused(response):
         return Problem("terminal", "authorization", f"{what}: HTTP 401 scope does not match: the API token lacks "
                                                     "read:jira-work or write:jira-work")
@@ -58,8 +58,4 @@ def status_problem(response: httpx.Response, what: str) -> Problem:
                                                     "(Browse projects, Add comments, Transition issues)")
     if status == 429:
         return Problem("retryable", "throttled", f"{what}: HTTP 429", throttle_wait(response))
-    if status == 408:
-        return Problem("retryable", "timeout", f"{what}: HTTP 408", maybe_written=True)
-    if status >= 500:
-        return Problem("retryable", "provider_5xx", f"{what}: HTTP {status}", maybe_written=True)
-    return Problem("terminal", "ordinary_4xx", f"{what}: HTTP {status}")
+    return other_status_problem(response, what)
