@@ -48,10 +48,14 @@ def local_status() -> None:
 
 @local.command("down")
 def local_down() -> None:
-    """Stop the emulator and the embedded Postgres (their data stays)."""
+    """Stop the simulators, the emulator and the embedded Postgres (their data stays)."""
+    from nexus_pipelines.local.postgres import StackError
     from nexus_pipelines.local.stack import LocalStack
 
-    stopped = LocalStack(load_settings()).down()
+    try:
+        stopped = LocalStack(load_settings()).down()
+    except StackError as exc:
+        raise UserError(str(exc)) from exc
     click.echo("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
 
 

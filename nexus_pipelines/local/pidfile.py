@@ -1,4 +1,9 @@
-"""A detached process of the local stack, found again through its pid file."""
+"""A detached process of the local stack, found again through its pid file.
+
+The file holds the pid and the process's start time, so a pid the system has since given
+to another process is never taken for ours (nor signalled). Stopping a process that is
+already gone is no error: `make down` stops every part on its own.
+"""
 
 from __future__ import annotations
 
@@ -7,44 +12,72 @@ import signal
 import time
 from pathlib import Path
 
+import psutil
+
 
 class PidFile:
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def record(self, pid: int) -> None:
-        self.path.write_text(str(pid))
+        self.path.write_text(f"{pid} {_started_at(pid)}")
 
     def pid(self) -> int | None:
-        """The recorded process when it is still alive, else None."""
-        if not self.path.exists():
+        """The recorded process when it is still alive and still the same process, else None."""
+        try:
+            pid_text, _, started = self.path.read_text().partition(" ")
+            pid = int(pid_text)
+        except (OSError, ValueError):  # no file, or one cut short by a crash
             return None
-        pid = int(self.path.read_text())
-        return pid if alive(pid) else None
+        if not alive(pid):
+            return None
+        return pid if started.strip() == _started_at(pid) else None
 
     def stop(self, grace_s: float = 10.0) -> bool:
         """SIGTERM, then SIGKILL after `grace_s`; False when it was not running."""
         pid = self.pid()
         self.path.unlink(missing_ok=True)
-        if pid is None:
+        if pid is None or not _signal(pid, signal.SIGTERM):
             return False
-        os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             if not alive(pid):
                 return True
             time.sleep(0.1)
-        os.kill(pid, signal.SIGKILL)
+        _signal(pid, signal.SIGKILL)
         return True
 
 
+def _started_at(pid: int) -> str:
+    try:
+        return repr(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return "gone"
+
+
+def _signal(pid: int, signum: int) -> bool:
+    """Send `signum`; False when the process had already gone."""
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def alive(pid: int) -> bool:
+    """Running, not a zombie (one still answers kill(0) until its parent reaps it; a zombie
+    child of this process is reaped here)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    try:  # a zombie child of this process still answers kill(0)
+    try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
+        if waited:
+            return False
     except ChildProcessError:
-        return True
+        pass
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False

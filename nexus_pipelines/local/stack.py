@@ -103,13 +103,21 @@ class LocalStack:
         ]
 
     def down(self) -> list[str]:
-        stopped = []
-        if self.sandbox.stop():
-            stopped.append("simulators")
-        if self.emulator.stop():
-            stopped.append("bigquery emulator")
-        if self.embedded and self.postgres.stop():
-            stopped.append("postgres")
+        """Stop every part on its own (one already gone is fine); the names of those stopped now.
+        Raises StackError naming each part that could not be stopped, after trying all of them."""
+        parts = [("simulators", self.sandbox.stop), ("bigquery emulator", self.emulator.stop)]
+        if self.embedded:
+            parts.append(("postgres", self.postgres.stop))
+        stopped, failed = [], []
+        for name, stop in parts:
+            try:
+                if stop():
+                    stopped.append(name)
+            except (StackError, OSError) as exc:
+                failed.append(f"{name} ({exc})")
+        if failed:
+            done = f"stopped: {', '.join(stopped)}; " if stopped else ""
+            raise StackError(f"{done}could not stop {'; '.join(failed)}")
         return stopped
 
     def _write_env(self, dsn: str, bq_url: str) -> None:
