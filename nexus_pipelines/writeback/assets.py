@@ -73,7 +73,8 @@ class WritebackRunConfig(Config):
     retry_failed: bool = Field(default=False, description="Send only rows whose current state is retryable_failed, ignoring their backoff.")
     force: bool = Field(default=False, description="Send rows even when their payload hash is unchanged (still an idempotent upsert).")
     config_path: str | None = Field(default=None, description="Job config YAML; defaults to configs/jobs/<job>.yaml "
-                                    "(configs/jobs/<job>.local.yaml on the local stack).")
+                                    "(configs/jobs/<job>.local.yaml on the local stack); a relative path is taken "
+                                    "from the project root.")
     run_id: str | None = Field(default=None, pattern=RUN_ID_PATTERN,
                                description="Ledger run id for a deliberate replay; defaults to the Dagster run id.")
 

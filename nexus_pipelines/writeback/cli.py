@@ -30,7 +30,7 @@ def _run_id(value: str | None) -> str | None:
 
 @click.command("run-job")
 @click.option("--job", "job_name", required=True, help="Registered writeback job name, e.g. month_end_arr.")
-@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False),
+@click.option("--config", "config_path", required=True, type=click.Path(exists=True, dir_okay=False, resolve_path=True),
               help="Job config YAML (configs/jobs/<job>.yaml).")
 @click.option("--dry-run", is_flag=True, help="Validate and count; write nothing to NexusCRM or the record ledger.")
 @click.option("--run-id", default=None, callback=lambda ctx, param, value: _run_id(value),

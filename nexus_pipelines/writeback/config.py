@@ -227,11 +227,15 @@ def parse_config(data: Any, *, base_dir: Path, root: Path = PROJECT_ROOT, source
 
 
 def load_config(path: str | Path, *, root: Path = PROJECT_ROOT) -> LoadedConfig:
-    path = Path(path).resolve()
+    """A relative `path` is taken from the project root `root`, never the working directory (the
+    Dagster UI of `make dev` runs in .nexus_local/, a run launcher anywhere)."""
+    given = Path(path)
+    path = (given if given.is_absolute() else root / given).resolve()
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ConfigError(f"cannot read job config {path}: {exc.strerror}") from None
+        relative = "" if given.is_absolute() else f" (a relative config path is taken from the project root {root})"
+        raise ConfigError(f"cannot read job config {path}{relative}: {exc.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
