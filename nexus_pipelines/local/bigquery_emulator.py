@@ -14,12 +14,12 @@ import asyncio
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
 
 from nexus_pipelines.local.pidfile import PidFile
+from nexus_pipelines.local.ports import wait_until_served
 from nexus_pipelines.local.postgres import StackError
 
 
@@ -87,10 +87,14 @@ class EmulatorProcess:
 
     def url(self) -> str | None:
         """The endpoint when the emulator is running and answering, else None."""
-        if not self._port_file.exists() or self._pid_file.pid() is None:
+        from nexus_pipelines.local.ports import serves_all
+
+        pid = self._pid_file.pid()
+        if not self._port_file.exists() or pid is None:
             return None
-        url = f"http://127.0.0.1:{int(self._port_file.read_text())}"
-        return url if is_serving(url) else None
+        port = int(self._port_file.read_text())
+        url = f"http://127.0.0.1:{port}"
+        return url if serves_all(pid, [port]) and is_serving(url) else None
 
     def start(self, timeout_s: float = 90.0) -> str:
         running = self.url()
@@ -111,15 +115,11 @@ class EmulatorProcess:
         self._pid_file.record(process.pid)
         self._port_file.write_text(str(port))
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + timeout_s
-        while not is_serving(url):
-            if process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise StackError(
-                    f"BigQuery emulator did not start on {url}; see {self.log_file} "
-                    "(is bqemulator installed with duckdb>=2.0.1? run `make install`)"
-                )
-            time.sleep(0.25)
+        problem = wait_until_served(process, [port], lambda _: is_serving(url), timeout_s)
+        if problem:
+            self.stop()
+            raise StackError(f"BigQuery emulator did not start on {url} ({problem}); see {self.log_file} "
+                             "(is bqemulator installed with duckdb>=2.0.1? run `make install`)")
         return url
 
     def stop(self) -> bool:

@@ -282,17 +282,21 @@ class SandboxProcess:
         self.log_file = local_dir / "sandbox.log"
 
     def running(self) -> bool:
-        from nexus_pipelines.local.bigquery_emulator import is_serving
+        """Its process is alive and itself listens on every one of its ports."""
+        from nexus_pipelines.local.ports import serves_all
 
-        return self._pid_file.pid() is not None and is_serving(f"http://127.0.0.1:{self.ports[1]}")
+        pid = self._pid_file.pid()
+        return pid is not None and serves_all(pid, self.ports)
 
     def start(self, *, bq_project: str, emulator_url: str, timeout_s: float = 60.0) -> None:
         from nexus_pipelines.local.bigquery_emulator import is_serving
+        from nexus_pipelines.local.ports import wait_until_served
         from nexus_pipelines.local.postgres import StackError
 
         if self.running():  # it seeded its load when it started: mark it fresh again now
             mark_source_fresh(bq_project, emulator_url)
             return
+        self.stop()  # one that lost a port to another process is replaced, not left half serving
         self.local_dir.mkdir(parents=True, exist_ok=True)
         with self.log_file.open("ab") as log:
             process = subprocess.Popen(
@@ -301,13 +305,13 @@ class SandboxProcess:
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             )
         self._pid_file.record(process.pid)
-        deadline = time.monotonic() + timeout_s
-        while not all(is_serving(f"http://127.0.0.1:{p}") for p in self.ports):
-            if process.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise StackError(f"the simulators did not start on ports {self.ports}; see "
-                                 f"{self.log_file} (another `make demo` or `make dev` using them?)")
-            time.sleep(0.2)
+        problem = wait_until_served(process, self.ports, lambda port: is_serving(f"http://127.0.0.1:{port}"),
+                                    timeout_s)
+        if problem:
+            self.stop()
+            raise StackError(f"the simulators did not start on ports {', '.join(map(str, self.ports))} ({problem}); "
+                             f"stop that process (another `make demo` or `make dev`?) and run `local up` again; "
+                             f"see {self.log_file}")
 
     def stop(self) -> bool:
         """Stop it (it saves the trackers' data first); False when it was not running."""

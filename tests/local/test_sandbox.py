@@ -4,11 +4,19 @@ production never defaults to a local config."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
+import pytest
+
 from nexus_pipelines.integrations.bigquery import make_bigquery_client
+from nexus_pipelines.local.pidfile import PidFile
+from nexus_pipelines.local.postgres import StackError
+from nexus_pipelines.local.simulators.http import serve_in_thread
 from nexus_pipelines.local.sandbox import (
     SOURCE_DATASET,
     Sandbox,
@@ -112,3 +120,37 @@ def test_the_running_sandbox_marks_its_source_load_fresh_again_on_its_own(bq_emu
     finally:
         stop.set()
         marker.join(30)
+
+
+def test_up_fails_in_one_line_naming_a_port_another_process_serves(tmp_path, bq_emulator_url):
+    ports = free_ports()
+    squatter = Sandbox(tmp_path / "other", ports)  # another stack's GitLab answers on our GitLab port
+    _, stop_squatter = serve_in_thread(squatter.trackers[0].app, port=ports[1])
+    sandbox = SandboxProcess(tmp_path / "stack", ports)
+    try:
+        with pytest.raises(StackError) as error:
+            sandbox.start(bq_project="nexus-local", emulator_url=bq_emulator_url, timeout_s=30)
+    finally:
+        stop_squatter()
+        sandbox.stop()
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"port {ports[1]} is held by pid {os.getpid()} (" in message
+    assert not sandbox.running() and not (tmp_path / "stack" / "sandbox.pid").exists()
+
+
+
+def test_a_live_recorded_process_is_not_running_while_others_serve_its_ports(tmp_path):
+    ports = free_ports()
+    others = Sandbox(tmp_path / "other", ports)  # another checkout's `make demo` on the same ports
+    others.serve()
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    sandbox = SandboxProcess(tmp_path / "stack", ports)
+    try:
+        (tmp_path / "stack").mkdir()
+        PidFile(tmp_path / "stack" / "sandbox.pid").record(stranger.pid)  # alive, but it serves nothing
+        assert not sandbox.running()
+    finally:
+        others.stop()
+        stranger.kill()
+        stranger.wait()
