@@ -28,9 +28,13 @@ def safe_target(dsn: str) -> str:
     return f"{params.get('host', 'localhost')}:{params.get('port', 5432)}/{params.get('dbname', '')}"
 
 
-def make_pool(dsn: str, *, schema: str = CONTROL_SCHEMA, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
-    """A pool of autocommit connections; use `with conn.transaction():` for atomic work."""
+def make_pool(dsn: str, *, schema: str = CONTROL_SCHEMA, min_size: int = 1, max_size: int = 8,
+              check_on_checkout: bool = False) -> ConnectionPool:
+    """A pool of autocommit connections; use `with conn.transaction():` for atomic work.
+    `check_on_checkout` tests each connection before handing it out (one round trip), so a
+    server restarted since is no failed request for a long-lived server such as the pages."""
     kwargs = {"autocommit": True, **connect_kwargs(schema)}
-    pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="nexus-control")
+    pool = ConnectionPool(dsn, min_size=min_size, max_size=max_size, kwargs=kwargs, open=False, name="nexus-control",
+                          check=ConnectionPool.check_connection if check_on_checkout else None)
     pool.open(wait=True, timeout=30)
     return pool

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import logging
 import os
 import sys
 import uuid
@@ -202,7 +203,9 @@ def serve_cmd(host: str, port: int, secure_cookies: bool) -> None:
 
     with control_connection():  # fail fast, in one line, when the control plane is unreachable
         pass
-    pool = make_pool(control_dsn(), max_size=8)
+    pool = make_pool(control_dsn(), max_size=8, check_on_checkout=True)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)  # the pages log each outage once, not each retry
     click.echo(f"ticket pages on http://{host}:{port}/ (sign in with an actor credential)")
     try:
         uvicorn.run(build_app(pool, secure_cookies=secure_cookies), host=host, port=port, log_level="warning")

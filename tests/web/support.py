@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import re
+import subprocess
+import sys
+import time
 import uuid
 from dataclasses import dataclass
+
+import httpx
 
 from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
 from tests.connectors.support import Plant
@@ -32,6 +39,35 @@ def seed(pool, issues: int = 3) -> Seeded:
         _, operator = member(conn, f"acme/{project}", "operator", name=f"op-{project}")
         _, outsider = member(conn, f"acme/{other}", "commander", name=f"out-{other}")
     return Seeded(f"acme/{project}", ids, commander, operator, outsider)
+
+
+@contextlib.contextmanager
+def serving(control_dsn: str, port: int):
+    """`nexus-pipelines tickets serve` in a process of its own, answering on `port`; yields the
+    process (its output is piped, stderr into stdout)."""
+    server = subprocess.Popen([sys.executable, "-m", "nexus_pipelines.cli", "tickets", "serve", "--port", str(port)],
+                              env={**os.environ, "NEXUS_PG_DSN": control_dsn},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/signin", timeout=2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        assert server.poll() is None, server.stdout.read()
+        yield server
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def served(control_dsn: str, port: int):
+    """The pages of a `tickets serve` process of their own: yields their base URL."""
+    with serving(control_dsn, port):
+        yield f"http://127.0.0.1:{port}"
 
 
 def text_of(html: str, name: str) -> str:

@@ -4,19 +4,14 @@ posts, and the same counts and states after a restart."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 from starlette.testclient import TestClient
 
 from nexus_pipelines.tickets.web.app import build_app
-from tests.web.support import hidden, seed, text_of
+from tests.web.support import hidden, seed, served, text_of
 
 
 @pytest.fixture(scope="module")
@@ -145,27 +140,6 @@ def test_signing_out_ends_the_session_and_a_replayed_cookie_is_refused(pool, see
     replay.cookies.set("np_session", cookie)
     assert replay.get("/board").headers["location"] == "/signin"
     assert replay.post(f"/tickets/{seeded.ticket_ids[2]}/priority", data={"csrf": csrf}).status_code == 401
-
-
-@contextlib.contextmanager
-def served(control_dsn: str, port: int):
-    """`nexus-pipelines tickets serve` in a process of its own, answering on `port`."""
-    server = subprocess.Popen([sys.executable, "-m", "nexus_pipelines.cli", "tickets", "serve", "--port", str(port)],
-                              env={**os.environ, "NEXUS_PG_DSN": control_dsn},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/signin", timeout=2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        assert server.poll() is None, server.stdout.read()
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
 
 
 def _snapshot(base_url: str, credential: str, ticket_id: int):

@@ -37,6 +37,7 @@ from nexus_pipelines.tickets.commands import (
     triage_connector_ticket,
 )
 from nexus_pipelines.tickets.queries import ticket_detail
+from nexus_pipelines.tickets.web.outage import UNREACHABLE, ControlPlaneDown, OutageWatch, unreachable_answer
 from nexus_pipelines.tickets.web.templates import CSS, environment
 
 SESSION_COOKIE = "np_session"
@@ -55,13 +56,19 @@ class _Pages:
     def __init__(self, pool: ConnectionPool, *, secure_cookies: bool) -> None:
         self.pool, self.secure = pool, secure_cookies
         self.templates = environment()
+        self.outage = OutageWatch()
 
     # -- plumbing -----------------------------------------------------------------------
 
     async def db(self, work: Callable, *args):
         def run():
-            with self.pool.connection() as conn:
-                return work(conn, *args)
+            try:
+                with self.pool.connection(timeout=self.outage.connect_wait_s()) as conn:
+                    result = work(conn, *args)
+            except UNREACHABLE as exc:
+                raise self.outage.failed(exc) from None
+            self.outage.reached()
+            return result
         return await run_in_threadpool(run)
 
     def html(self, name: str, status: int = 200, **context) -> HTMLResponse:
@@ -248,7 +255,7 @@ def build_app(pool: ConnectionPool, *, secure_cookies: bool = False) -> Starlett
     async def home(request: Request) -> Response:
         return RedirectResponse("/board", status_code=303)
 
-    return Starlette(routes=[
+    return Starlette(exception_handlers={ControlPlaneDown: unreachable_answer(HEADERS)}, routes=[
         Route("/", home),
         Route("/static/app.css", css),
         Route("/signin", pages.signin_page, methods=["GET"]),
