@@ -28,15 +28,12 @@ chromium:
 demo: $(STAMP)
 	$(BIN)/nexus-pipelines demo
 
-# The Dagster UI on :3000 and the ticket pages (Board, Ticket Detail, Attention) on :3100;
-# the pages stop with the UI.
+# The Dagster UI on :3000 and the ticket pages (Board, Ticket Detail, Attention) on :3100
+# (`nexus-pipelines local dev`); Ctrl-C stops both.
 PAGES_PORT ?= 3100
+DAGSTER_PORT ?= 3000
 dev: $(STAMP)
-	$(BIN)/nexus-pipelines local up
-	. .nexus_local/env && { $(BIN)/nexus-pipelines tickets serve --port $(PAGES_PORT) & pages=$$!; \
-		trap 'kill $$pages 2>/dev/null' EXIT INT TERM; \
-		cd .nexus_local && PYTHONWARNINGS="ignore:Function \`dev_command\` is superseded" \
-		$(abspath $(BIN))/dagster dev -w $(CURDIR)/workspace.yaml; }
+	$(BIN)/nexus-pipelines local dev --pages-port $(PAGES_PORT) --dagster-port $(DAGSTER_PORT)
 
 up: $(STAMP)
 	$(BIN)/nexus-pipelines local up

@@ -37,6 +37,16 @@ def local_up() -> None:
     click.echo(f"ready in {time.monotonic() - started:.1f}s")
 
 
+@local.command("dev")
+@click.option("--pages-port", default=3100, type=click.IntRange(1, 65535), show_default=True)
+@click.option("--dagster-port", default=3000, type=click.IntRange(1, 65535), show_default=True)
+def local_dev(pages_port: int, dagster_port: int) -> None:
+    """Bring the stack up, then serve the ticket pages and the Dagster UI until Ctrl-C."""
+    from nexus_pipelines.local.dev import run_dev
+
+    sys.exit(run_dev(load_settings(), pages_port=pages_port, dagster_port=dagster_port, echo=click.echo))
+
+
 @local.command("status")
 def local_status() -> None:
     """Say what of the stack is running."""

@@ -33,6 +33,11 @@ class NexusSettings(BaseSettings):
         description="Set by `. .nexus_local/env`: the code location runs on the embedded stack, so writeback "
         "jobs default to their local configs (the simulators); never set in production.",
     )
+    sandbox_ports: tuple[int, int, int, int] | None = Field(
+        default=None,
+        description="The local stack's NexusCRM, GitLab, GitHub and Jira simulator ports, as a JSON list "
+        "(another stack beside the default one); unset: 18928-18931, the ports the local registrations name.",
+    )
     bq_project: str = Field(default="nexus-local", description="BigQuery project for queries and jobs.")
     bq_location: str = Field(default="US", description="BigQuery location for query jobs.")
     connectors_dir: Path = Field(

@@ -41,11 +41,11 @@ def run_demo(echo: Callable[[str], None]) -> int:
         echo("  " + line)
     echo(f"stack ready in {time.monotonic() - started:.1f}s")
     os.environ.update({"NEXUS_PG_DSN": info.pg_dsn, "NEXUS_BQ_EMULATOR_URL": info.bq_emulator_url,
-                       "NEXUS_BQ_PROJECT": settings.bq_project, **environment(settings.local_dir)})
+                       "NEXUS_BQ_PROJECT": settings.bq_project, **environment(settings.local_dir, stack.sandbox.ports)})
     from nexus_pipelines.local.demo_connectors import run_connector_demo
 
     stack.sandbox.stop()  # the demo serves the same simulators itself: it reads their state
-    sandbox = Sandbox(settings.local_dir)
+    sandbox = Sandbox(settings.local_dir, stack.sandbox.ports)
     try:
         urls = sandbox.serve()
     except RuntimeError as exc:

@@ -52,14 +52,14 @@ class StackInfo:
 
 
 class LocalStack:
-    def __init__(self, settings: NexusSettings, *, sandbox_ports: Ports = PORTS) -> None:
+    def __init__(self, settings: NexusSettings, *, sandbox_ports: Ports | None = None) -> None:
         self.settings = settings
         self.root = settings.local_dir
         self.postgres = EmbeddedPostgres(self.root / "postgres")
         self.emulator = EmulatorProcess(self.root / "emulator")
         self.dagster_home = self.root / "dagster_home"
         self.env_file = self.root / "env"
-        self.sandbox = SandboxProcess(self.root, sandbox_ports)
+        self.sandbox = SandboxProcess(self.root, sandbox_ports or settings.sandbox_ports or PORTS)
 
     @property
     def embedded(self) -> bool:
@@ -120,18 +120,18 @@ class LocalStack:
             raise StackError(f"{done}could not stop {'; '.join(failed)}")
         return stopped
 
+    def environment(self, dsn: str, bq_url: str) -> dict[str, str]:
+        """The variables `. <local_dir>/env` exports: the stack's servers and the sandbox's credentials."""
+        return {
+            "NEXUS_PG_DSN": dsn,
+            "NEXUS_BQ_EMULATOR_URL": bq_url,
+            "NEXUS_BQ_PROJECT": self.settings.bq_project,
+            "DAGSTER_HOME": str(self.dagster_home),
+            "NEXUS_CONNECTORS_DIR": str(LOCAL_REGISTRATIONS_DIR),
+            "NEXUS_LOCAL_STACK": "1",
+            **environment(self.root, self.sandbox.ports),
+        }
+
     def _write_env(self, dsn: str, bq_url: str) -> None:
-        self.env_file.write_text(
-            "\n".join(
-                [
-                    f"export NEXUS_PG_DSN='{dsn}'",
-                    f"export NEXUS_BQ_EMULATOR_URL='{bq_url}'",
-                    f"export NEXUS_BQ_PROJECT='{self.settings.bq_project}'",
-                    f"export DAGSTER_HOME='{self.dagster_home}'",
-                    f"export NEXUS_CONNECTORS_DIR='{LOCAL_REGISTRATIONS_DIR}'",
-                    "export NEXUS_LOCAL_STACK=1",
-                    *[f"export {name}='{value}'" for name, value in environment(self.root, self.sandbox.ports).items()],
-                    "",
-                ]
-            )
-        )
+        lines = [f"export {name}='{value}'" for name, value in self.environment(dsn, bq_url).items()]
+        self.env_file.write_text("\n".join([*lines, ""]))
