@@ -28,7 +28,7 @@ def test_the_stack_starts_from_nothing_is_reused_and_stops(tmp_path, monkeypatch
         assert f"running {first.pg_dsn}" in status and f"running {first.bq_emulator_url}" in status
         assert f"simulators     running NexusCRM :{ports[0]}" in status
         env = first.env_file.read_text()
-        assert f"export NEXUSCRM_BASE_URL='http://127.0.0.1:{ports[0]}'" in env and "NEXUS_LOCAL_STACK=1" in env
+        assert f"export NEXUSCRM_BASE_URL='http://127.0.0.1:{ports[0]}'" in env and "export NEXUS_LOCAL_STACK='1'" in env
         import httpx
 
         assert httpx.get(f"http://127.0.0.1:{ports[1]}/api/v4/projects/278964/issues").status_code == 401
