@@ -51,6 +51,7 @@ def run_demo(echo: Callable[[str], None]) -> int:
     except RuntimeError as exc:
         echo(f"error: {exc}; stop whatever uses the simulator ports (a `make dev` of another checkout?)")
         return 1
+    handed_back = False
     try:
         echo("simulators on " + ", ".join(urls) + f" (tracker data in {settings.local_dir / 'simulators'})")
         writeback = _writeback_demo(echo, info, settings.bq_project, sandbox.crm)
@@ -58,8 +59,20 @@ def run_demo(echo: Callable[[str], None]) -> int:
         intake = run_connector_demo(echo, dsn=info.pg_dsn, trackers=sandbox.trackers, instance=_instance(info))
     finally:
         sandbox.stop()
-        stack.sandbox.start(bq_project=settings.bq_project, emulator_url=info.bq_emulator_url)
-    return writeback or intake
+        handed_back = _hand_back(stack, settings.bq_project, info.bq_emulator_url, echo)
+    return (writeback or intake) if handed_back else 1
+
+
+def _hand_back(stack: LocalStack, bq_project: str, emulator_url: str, echo: Callable[[str], None]) -> bool:
+    """Give the simulator ports back to the stack's sandbox process, so `make dev` finds it running."""
+    from nexus_pipelines.local.postgres import StackError
+
+    try:
+        stack.sandbox.start(bq_project=bq_project, emulator_url=emulator_url)
+    except StackError as exc:
+        echo(f"error: {exc}")
+        return False
+    return True
 
 
 def _writeback_demo(echo: Callable[[str], None], info, bq_project: str, state) -> int:

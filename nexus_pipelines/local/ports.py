@@ -12,9 +12,14 @@ import psutil
 
 
 def listeners(ports: Iterable[int]) -> dict[int, int | None]:
-    """The pid listening on each of `ports` over TCP (None: no one, or a process we may not see)."""
+    """The pid listening on each of `ports` over TCP (None: no one, or a process we may not see;
+    a system that shows no other process's sockets to this user shows none)."""
     found: dict[int, int | None] = dict.fromkeys(ports)
-    for conn in psutil.net_connections(kind="tcp"):
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except psutil.AccessDenied:
+        return found
+    for conn in connections:
         if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port in found and conn.pid:
             found[conn.laddr.port] = conn.pid
     return found
@@ -30,8 +35,12 @@ def describe_holder(pid: int) -> str:
 
 
 def serves_all(pid: int, ports: Iterable[int]) -> bool:
-    """Process `pid` itself listens on every one of `ports`."""
-    return all(holder == pid for holder in listeners(ports).values())
+    """Process `pid` itself listens on every one of `ports` (read from its own sockets)."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return set(ports) <= {c.laddr.port for c in connections if c.status == psutil.CONN_LISTEN and c.laddr}
 
 
 def held_by_others(pid: int, ports: Iterable[int]) -> str:
