@@ -83,6 +83,7 @@ def run_dev(settings: NexusSettings, *, pages_port: int, dagster_port: int, echo
                                     "--port", str(pages_port)], env, cwd=PROJECT_ROOT, log=pages_log)
     children = [pages]
     try:
+        # the pages' own process listening on the port is the proof: uvicorn answers once it listens
         problem = wait_until_served(pages.process, [pages_port], lambda _: True, PAGES_START_S)
         if problem:
             echo(f"error: the ticket pages cannot serve on 127.0.0.1:{pages_port} ({problem}); free the port or "
