@@ -1,7 +1,9 @@
 """A detached process of the local stack, found again through its pid file.
 
 The file holds the pid and the process's start time, so a pid the system has since given
-to another process is never taken for ours (nor signalled). Stopping a process that is
+to another process is never taken for ours (nor signalled); a file of only a pid (written
+before start times were kept) is ours when its process names the file's folder on its
+command line, as the stack's launchers do. Stopping a process that is
 already gone is no error: `make down` stops every part on its own.
 """
 
@@ -31,6 +33,8 @@ class PidFile:
             return None
         if not alive(pid):
             return None
+        if not started:  # a file written before start times were kept: its process names our folder
+            return pid if _names(pid, self.path.parent) else None
         return pid if started.strip() == _started_at(pid) else None
 
     def stop(self, grace_s: float = 10.0) -> bool:
@@ -53,6 +57,13 @@ def _started_at(pid: int) -> str:
         return repr(psutil.Process(pid).create_time())
     except psutil.Error:
         return "gone"
+
+
+def _names(pid: int, folder: Path) -> bool:
+    try:
+        return any(str(folder) in arg for arg in psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
 
 
 def _signal(pid: int, signum: int) -> bool:

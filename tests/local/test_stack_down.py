@@ -70,3 +70,12 @@ def test_a_pid_file_cut_short_by_a_crash_means_not_running(tmp_path):
     pid_file = PidFile(tmp_path / "sandbox.pid")
     pid_file.path.write_text("")
     assert pid_file.pid() is None and pid_file.stop() is False
+
+
+def test_a_pid_file_of_an_earlier_version_still_stops_the_stack_process_it_names(tmp_path):
+    stack_process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--dir", str(tmp_path)])
+    pid_file = PidFile(tmp_path / "sandbox.pid")
+    pid_file.path.write_text(str(stack_process.pid))  # no start time: written before they were kept
+    assert pid_file.pid() == stack_process.pid
+    assert pid_file.stop() is True
+    assert not alive(stack_process.pid)
