@@ -122,3 +122,29 @@ def test_up_status_and_down_mean_the_embedded_server_in_a_shell_that_sourced_its
         assert f"running {first.pg_dsn}" in "\n".join(sourced.status())
     finally:
         sourced.down()
+
+
+def test_up_fails_in_one_line_naming_a_sandbox_port_and_the_process_holding_it(tmp_path, monkeypatch):
+    import json
+    import os
+    import socket
+
+    from click.testing import CliRunner
+
+    from nexus_pipelines.cli import main
+
+    ports = free_ports()
+    monkeypatch.delenv("NEXUS_PG_DSN", raising=False)
+    monkeypatch.setenv("NEXUS_LOCAL_DIR", str(tmp_path / "stack"))
+    monkeypatch.setenv("NEXUS_SANDBOX_PORTS", json.dumps(list(ports)))
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", ports[3]))
+    squatter.listen()
+    try:
+        result = CliRunner().invoke(main, ["local", "up"])
+    finally:
+        squatter.close()
+        LocalStack(NexusSettings(local_dir=tmp_path / "stack", pg_dsn=None, sandbox_ports=ports)).down()
+    assert result.exit_code == 1 and "ready" not in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert f"port {ports[3]} is held by pid {os.getpid()} (" in result.output
