@@ -46,14 +46,16 @@ from datetime import datetime, timedelta
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
     CursorError,
+    Watch,
+    earliest,
     format_time,
     next_scan_since,
+    page_step,
     parse_time,
-    reanchor,
 )
 
 PREFIX = "gl1"
-_FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);next=(.+)$")
+_FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+)(?:;w=([^;]+))?;next=(.+)$")
 SCAN_OVERLAP = timedelta(seconds=1)
 KEYSET_PARAM = "cursor"  # a next link without it is an offset (page-number) link
 
@@ -65,10 +67,17 @@ class GitLabCursor:
     scan_from: datetime | None = None
     hwm: datetime | None = None
     next: str | None = None  # path and query of the next page, or None at a scan's start
+    watch: Watch = Watch()
 
     def encode(self) -> str:
+        watch = self.watch.encode()
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};next={self.next or NONE}")
+                f"hwm={format_time(self.hwm)}{f';w={watch}' if watch else ''};next={self.next or NONE}")
+
+    @property
+    def scan_goes_on(self) -> bool:
+        """Whether the page that produced this token leaves the scan unfinished."""
+        return self.next is not None or self.watch.repeats
 
     @classmethod
     def decode(cls, token: str | None) -> GitLabCursor:
@@ -77,24 +86,27 @@ class GitLabCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a GitLab cursor token")
-        seq, since, scan_from, hwm, nxt = match.groups()
+        seq, since, scan_from, hwm, watch, nxt = match.groups()
         if nxt != NONE and not nxt.startswith("/"):
             raise CursorError("the next link of a GitLab cursor is a path")
         return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
-                   None if nxt == NONE else nxt)
+                   None if nxt == NONE else nxt, Watch.decode(watch))
 
-    def after_page(self, *, updated: Sequence[datetime], served_at: datetime | None, next_link: str | None,
-                   first_page: Callable[[datetime], str]) -> GitLabCursor:
-        """The token after one page of this scan, whose items have the `updated` times in page
-        order; the scan ends when `next_link` is None. `first_page(since)` is the path of the
-        listing's first page from `since`."""
+    def after_page(self, *, ids: Sequence[str], updated: Sequence[datetime], served_at: datetime | None,
+                   next_link: str | None, first_page: Callable[[datetime], str]) -> GitLabCursor:
+        """The token after one page of this scan, whose items have the `ids` and `updated` times
+        in page order; the scan ends when `next_link` is None. `first_page(since)` is the path
+        of the listing's first page from `since`."""
         scan_from = self.scan_from if self.next is not None else served_at
         hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
-        anchor = reanchor(next_link, updated[0] if updated else None, updated[-1] if updated else None,
-                          keyset_param=KEYSET_PARAM, boundary=lambda last: last)
-        if anchor is not None:  # an offset page: go on from a fresh first page, never skip
-            return replace(self, seq=self.seq + 1, since=anchor, scan_from=scan_from, hwm=hwm,
-                           next=first_page(anchor))
-        if next_link is not None:
-            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link)
-        return GitLabCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))
+        step = page_step(self.watch, ids=ids, updated=updated, served=served_at, next_link=next_link,
+                         keyset_param=KEYSET_PARAM, boundary=lambda t: t, hwm=hwm)
+        if step.kind == "shift":  # the same scan again, from its own bound
+            return GitLabCursor(seq=self.seq + 1, since=self.since, watch=step.watch)
+        if step.kind == "anchor":  # an offset page: go on from a fresh first page, never skip
+            return replace(self, seq=self.seq + 1, since=step.anchor, scan_from=scan_from, hwm=hwm,
+                           next=first_page(step.anchor), watch=step.watch)
+        if step.kind == "follow":
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link, watch=step.watch)
+        since = next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP)
+        return GitLabCursor(seq=self.seq + 1, since=earliest(since, step.anchor) if since else None, watch=step.watch)

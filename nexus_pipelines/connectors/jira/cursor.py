@@ -25,14 +25,15 @@ changing during long scans (a first sync of a busy site), never a missed issue.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, format_time, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, Watch, format_time, next_scan_since, parse_time
 
 PREFIX = "jr1"
-_FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);at=([^;]+);next=(.+)$")
+_FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);at=([^;]+)(?:;w=([^;]+))?;next=(.+)$")
 # At least the search index's lag: a change Jira had not made searchable yet is read next scan.
 SCAN_OVERLAP = timedelta(minutes=1)
 TOKEN_LIFETIME = timedelta(days=7)  # Jira: "This token will expire in 7 days."
@@ -72,10 +73,18 @@ class JiraCursor:
     hwm: datetime | None = None
     issued_at: datetime | None = None
     next: str | None = None  # Jira's nextPageToken, or None at a scan's start
+    watch: Watch = Watch()
 
     def encode(self) -> str:
+        watch = self.watch.encode()
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)};next={self.next or NONE}")
+                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)}{f';w={watch}' if watch else ''};"
+                f"next={self.next or NONE}")
+
+    @property
+    def scan_goes_on(self) -> bool:
+        """Whether the page that produced this token leaves the scan unfinished."""
+        return self.next is not None or self.watch.repeats
 
     @classmethod
     def decode(cls, token: str | None) -> JiraCursor:
@@ -84,20 +93,24 @@ class JiraCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a Jira cursor token")
-        seq, *times, nxt = match.groups()
+        seq, *times, watch, nxt = match.groups()
         since, scan_from, hwm, issued_at = (parse_time(t) for t in times)
         if any(t is not None and not _EARLIEST <= t < _LATEST for t in (since, scan_from, hwm, issued_at)):
             raise CursorError("a cursor time is out of range")
-        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt)
+        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt, Watch.decode(watch))
 
-    def after_page(self, *, page_max: datetime | None, served_at: datetime | None,
+    def after_page(self, *, ids: Sequence[str], page_max: datetime | None, served_at: datetime | None,
                    next_token: str | None) -> JiraCursor:
-        """The token after one page of this scan (the scan ends when `next_token` is None)."""
+        """The token after one page of this scan, whose issues have the `ids` in page order (the
+        scan ends when `next_token` is None)."""
+        more = next_token is not None
+        if self.watch.shift_seen(ids, more):  # the same scan again, from its own bound: see above
+            return JiraCursor(seq=self.seq + 1, since=self.since, watch=self.watch.after_shift())
         scan_from = self.scan_from if self.next is not None else served_at
         hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
-        if next_token is not None:
+        if more:
             return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, issued_at=served_at,
-                           next=next_token)
+                           next=next_token, watch=self.watch.paged(ids, more).followed(ids))
         if hwm is not None and scan_from is not None and hwm >= scan_from:
             return JiraCursor(seq=self.seq + 1, since=self.since)  # something changed mid-scan: see above
         return JiraCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))
