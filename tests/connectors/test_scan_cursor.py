@@ -6,7 +6,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from nexus_pipelines.connectors.scan_cursor import is_keyset_link, next_scan_since, reanchor
+from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
+from nexus_pipelines.connectors.scan_cursor import (
+    MAX_SHIFT_RESTARTS,
+    CursorError,
+    Watch,
+    is_keyset_link,
+    next_scan_since,
+    page_step,
+    reanchor,
+)
 
 T = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
@@ -70,3 +79,66 @@ def test_next_scan_since_is_unchanged():
     assert next_scan_since(None, T, T + timedelta(hours=1), timedelta(seconds=1)) == T - timedelta(seconds=1)
     assert next_scan_since(T, T - timedelta(hours=1), None, timedelta(seconds=1)) == T
     assert next_scan_since(T, None, None, timedelta(seconds=1)) == T
+
+
+# -- shifts ------------------------------------------------------------------------------
+
+IDS = [str(n) for n in range(1, 11)]
+
+
+def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
+    watch = Watch(last_id="42", size=100, walk=T, walk_from=T + timedelta(minutes=5), owed=T,
+                  upto=T + timedelta(minutes=6), restarts=1)
+    assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
+    assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
+    for bad in ("42,100,-,-,-,-", "x,1,-,-,-,-,0", "1,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "1,1,noon,-,-,-,0"):
+        with pytest.raises(CursorError):
+            Watch.decode(bad)
+
+
+def test_the_last_item_read_again_behind_an_offset_link_is_a_shift():
+    followed = Watch().paged(IDS, True).followed(IDS)
+    assert followed.shift_seen(["10", *IDS[:9]], True)
+    assert not followed.shift_seen([str(n) for n in range(11, 21)], True)
+    assert not Watch().shift_seen(IDS, True)  # a first page is consistent
+
+
+def test_a_page_shorter_than_the_scans_pages_though_more_follow_is_a_shift_only_behind_an_offset_link():
+    followed = Watch().paged(IDS, True).followed(IDS)
+    short = [str(n) for n in range(11, 20)]
+    assert followed.shift_seen(short, True)
+    assert not followed.shift_seen(short, False)  # the last page
+    assert not Watch(size=10).shift_seen(short, True)  # a first page from an anchor, or a keyset page
+
+
+def test_a_shift_repeats_the_scan_at_once_a_bounded_number_of_times_then_at_the_next_poll():
+    watch, repeats = Watch(upto=T), 0
+    while (watch := watch.after_shift()).repeats:
+        repeats += 1
+        assert watch.upto == T
+    assert repeats == MAX_SHIFT_RESTARTS and watch == Watch(upto=T)
+
+
+def walk(watch: Watch, bound: datetime, served: datetime, ids=IDS) -> Watch:
+    return page_step(watch, ids=ids, updated=[bound] * 10, served=served, next_link="/x?page=2",
+                     keyset_param="cursor", boundary=exact, hwm=bound).watch
+
+
+def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
+    walked = walk(Watch(), T, T + timedelta(hours=1))
+    assert walked.owed == T and walked.last_id == "10"
+    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1)))
+
+
+def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_began():
+    began = T + timedelta(hours=1)
+    reread = walk(Watch(upto=T + timedelta(minutes=1)), T, began)
+    assert reread.owed is None
+    assert reread.next_scan(T + timedelta(minutes=1)) == (None, Watch())  # unchanged: done
+    assert reread.next_scan(began + timedelta(seconds=1))[0] == T  # something changed while it was walked
+
+
+def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
+    reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
+    watch = walk(reread, T + timedelta(minutes=9), T + timedelta(hours=1), ids=[str(n) for n in range(11, 21)])
+    assert watch.walk == T and watch.owed == T + timedelta(minutes=9)
