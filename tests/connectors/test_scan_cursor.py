@@ -83,29 +83,39 @@ def test_next_scan_since_is_unchanged():
 
 # -- shifts ------------------------------------------------------------------------------
 
-IDS = [str(n) for n in range(1, 11)]
+def items(first: int, last: int, at: datetime = T) -> list[tuple[str, datetime]]:
+    return [(str(n), at) for n in range(first, last + 1)]
+
+
+PAGE = items(1, 10)
 
 
 def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
-    watch = Watch(last_id="42", size=100, walk=T, walk_from=T + timedelta(minutes=5), owed=T,
-                  upto=T + timedelta(minutes=6), restarts=1)
+    watch = Watch(last=("42", T + timedelta(microseconds=7)), size=100, walk=T, walk_from=T + timedelta(minutes=5),
+                  owed=T, upto=T + timedelta(minutes=6), restarts=1)
     assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
     assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
-    for bad in ("42,100,-,-,-,-", "x,1,-,-,-,-,0", "1,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "1,1,noon,-,-,-,0"):
+    for bad in ("42,-,100,-,-,-,-,0", "-,2026-11-01T09:00:00Z,1,-,-,-,-,0", "x,-,1,-,-,-,-,0",
+                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-"):
         with pytest.raises(CursorError):
             Watch.decode(bad)
 
 
 def test_the_last_item_read_again_behind_an_offset_link_is_a_shift():
-    followed = Watch().paged(IDS, True).followed(IDS)
-    assert followed.shift_seen(["10", *IDS[:9]], True)
-    assert not followed.shift_seen([str(n) for n in range(11, 21)], True)
-    assert not Watch().shift_seen(IDS, True)  # a first page is consistent
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    assert followed.shift_seen([PAGE[-1], *PAGE[:9]], True)
+    assert not followed.shift_seen(items(11, 20), True)
+    assert not Watch().shift_seen(PAGE, True)  # a first page is consistent
+
+
+def test_the_last_item_back_in_a_new_version_is_no_shift():
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    assert not followed.shift_seen([*items(11, 19), ("10", T + timedelta(seconds=1))], True)  # edited: moved on
 
 
 def test_a_page_shorter_than_the_scans_pages_though_more_follow_is_a_shift_only_behind_an_offset_link():
-    followed = Watch().paged(IDS, True).followed(IDS)
-    short = [str(n) for n in range(11, 20)]
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    short = items(11, 19)
     assert followed.shift_seen(short, True)
     assert not followed.shift_seen(short, False)  # the last page
     assert not Watch(size=10).shift_seen(short, True)  # a first page from an anchor, or a keyset page
@@ -119,14 +129,15 @@ def test_a_shift_repeats_the_scan_at_once_a_bounded_number_of_times_then_at_the_
     assert repeats == MAX_SHIFT_RESTARTS and watch == Watch(upto=T)
 
 
-def walk(watch: Watch, bound: datetime, served: datetime, ids=IDS) -> Watch:
-    return page_step(watch, ids=ids, updated=[bound] * 10, served=served, next_link="/x?page=2",
-                     keyset_param="cursor", boundary=exact, hwm=bound).watch
+def walk(watch: Watch, bound: datetime, served: datetime, page=None) -> Watch:
+    page = page or items(1, 10, bound)
+    return page_step(watch, items=page, served=served, next_link="/x?page=2", keyset_param="cursor",
+                     boundary=exact, hwm=bound).watch
 
 
 def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
     walked = walk(Watch(), T, T + timedelta(hours=1))
-    assert walked.owed == T and walked.last_id == "10"
+    assert walked.owed == T and walked.last == ("10", T)
     assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1)))
 
 
@@ -139,6 +150,7 @@ def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_be
 
 
 def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
+    later = T + timedelta(minutes=9)
     reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
-    watch = walk(reread, T + timedelta(minutes=9), T + timedelta(hours=1), ids=[str(n) for n in range(11, 21)])
-    assert watch.walk == T and watch.owed == T + timedelta(minutes=9)
+    watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
+    assert watch.walk == T and watch.owed == later

@@ -288,8 +288,8 @@ class GitHubConnector:
             link, link_path = parsed.raw_path.decode("ascii"), parsed.path
         etag = response.headers.get("ETag")
         etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
-        after = cursor.after_page(ids=[str(item.number) for item, _, _ in items],
-                                  updated=[item.updated_at for item, _, _ in items], served=served_at(response),
+        after = cursor.after_page(items=[(str(item.number), item.updated_at) for item, _, _ in items],
+                                  served=served_at(response),
                                   etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size))
         token = after.encode()
         if len(token) > CURSOR_MAX_CHARS:

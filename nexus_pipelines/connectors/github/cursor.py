@@ -1,6 +1,9 @@
 """The GitHub cursor: a readable, bounded token only the GitHub adapter interprets (CX-04).
 
-`gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>;next=<path?query>`
+`gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>[;w=<watch>];next=<path?query>`
+
+`w` is what the scan remembers against shifts (`scan_cursor.Watch`, absent when there is
+nothing).
 
 A scan lists `state=all&sort=updated&direction=asc` from the lower bound `since` and
 walks GitHub's `Link rel="next"` URLs exactly as given (`next`); page numbers are never
@@ -26,13 +29,15 @@ GitHub pages this listing in one of two ways, told apart by the next link:
   increases, so the chain of first pages ends; it costs about one re-read boundary
   item per page. A page wholly inside that two-second window is a tie run of at least a
   page: a first page from its bound would be the same page, so the page link is
-  followed (a tie walk). Residual limit: during a tie walk, an issue of the run updated
-  or deleted between two requests shifts the rest back one position, and the issue
-  that moves onto the page already read (one of the run, or the first one after it)
-  is skipped by this scan; the next scan reads it only if it is not older than its
-  start. A tie run of 1,000 or more cannot be walked by page number at all (GitHub
-  refuses pages that deep with 422; the scan restarts at the run and never gets past
-  it): only `after=` links get through such a run.
+  followed (a tie walk). During a tie walk an issue of the run updated or deleted
+  between two requests shifts the rest back one position and the issue that moves onto
+  the page already read is skipped by this scan, so the next scan starts no later than
+  the run and reads it once more; a page that brings back the last issue of the page
+  before (one appeared behind the position) or is short though more follow repeats the
+  scan from `since` (`scan_cursor.page_step`). A tie run of 1,000 or more cannot be
+  walked by page number at all (GitHub refuses pages that deep with 422; the scan
+  restarts at the run and never gets past it): only `after=` links get through such a
+  run.
 
 GitHub times are whole seconds and `since` is second-granular, so the next scan starts
 a whole second before min(hwm, from), never before `since`: never later than the
@@ -59,6 +64,7 @@ from datetime import UTC, datetime, timedelta
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
     CursorError,
+    Item,
     Watch,
     earliest,
     next_scan_since,
@@ -126,14 +132,14 @@ class GitHubCursor:
         """Whether the page that produced this token leaves the scan unfinished."""
         return self.next is not None or self.watch.repeats
 
-    def after_page(self, *, ids: Sequence[str], updated: Sequence[datetime], served: datetime | None,
-                   etag: str | None, next_link: str | None, first_page: Callable[[datetime], str]) -> GitHubCursor:
-        """The token after one page of this scan, whose items (pull requests included) have
-        the `ids` (numbers) and `updated` times in page order; the scan ends when `next_link`
-        is None. `first_page(since)` is the path of the listing's first page from `since`."""
+    def after_page(self, *, items: Sequence[Item], served: datetime | None, etag: str | None,
+                   next_link: str | None, first_page: Callable[[datetime], str]) -> GitHubCursor:
+        """The token after one page of this scan, whose items (number, `updated_at`; pull
+        requests included) are in page order; the scan ends when `next_link` is None.
+        `first_page(since)` is the path of the listing's first page from `since`."""
         scan_from = self.scan_from if not self.at_scan_start else served
-        hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
-        step = page_step(self.watch, ids=ids, updated=updated, served=served, next_link=next_link,
+        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        step = page_step(self.watch, items=items, served=served, next_link=next_link,
                          keyset_param=KEYSET_PARAM, boundary=boundary, hwm=_whole_second(hwm))
         if step.kind == "shift":  # the same scan again, from its own bound
             return GitHubCursor(seq=self.seq + 1, since=self.since, watch=step.watch)

@@ -217,8 +217,7 @@ class GitLabConnector:
             link = parsed.raw_path.decode("ascii")
         base = httpx.URL(f"{self._origin}{self._listing}")
         after = cursor.after_page(
-            ids=[str(i.iid) for i in raw], updated=[i.updated_at for i in raw], served_at=served_at(response),
-            next_link=link,
+            items=[(str(i.iid), i.updated_at) for i in raw], served_at=served_at(response), next_link=link,
             # a re-anchor happens on offset pages only: the fresh first page asks for offset pages too
             first_page=lambda since: base.copy_with(params=_first_page_params(since, request.page_size))
             .copy_remove_param("pagination").raw_path.decode("ascii"),

@@ -1,10 +1,11 @@
 """The GitLab cursor: a readable, bounded token only the GitLab adapter interprets (CX-04).
 
-`gl1;n=<seq>;since=<t>;from=<t>;hwm=<t>;next=<path?query>` where `since` is the
+`gl1;n=<seq>;since=<t>;from=<t>;hwm=<t>[;w=<watch>];next=<path?query>` where `since` is the
 inclusive `updated_after` bound of the current query, `from` the provider's `Date` when
 the scan's first page was served, `hwm` the newest `updated_at` seen in the scan, and
-`next` the path of the next page to read. `n` grows with every page, so the token
-always advances.
+`next` the path of the next page to read, `w` what the scan remembers against shifts
+(`scan_cursor.Watch`, absent when there is nothing). `n` grows with every page, so the
+token always advances.
 
 The adapter asks for `pagination=keyset`; what comes back is told apart by the next link:
 
@@ -25,13 +26,15 @@ The adapter asks for `pagination=keyset`; what comes back is told apart by the n
   on at once (it is not exhausted). The anchor strictly increases, so the chain of first
   pages ends; it costs about one re-read boundary item per page. A page whose items all
   share one `updated_at` is a tie run of at least a page: a first page from it would be
-  the same page, so the page link is followed (a tie walk). Residual limit: during a
-  tie walk, an issue of the run updated or deleted between two requests shifts the rest
-  back one position, and the issue that moves onto the page already read (one of the
-  run, or the first one after it) is skipped by this scan; the next scan reads it only
-  if it is not older than its start.
+  the same page, so the page link is followed (a tie walk). During a tie walk an issue
+  of the run updated or deleted between two requests shifts the rest back one position
+  and the issue that moves onto the page already read is skipped by this scan, so the
+  next scan starts no later than the run and reads it once more; a page that brings
+  back the last issue of the page before (one appeared behind the position) or is
+  short though more follow repeats the scan from `since` (`scan_cursor.page_step`).
 
-The next scan starts at min(hwm, from) minus a second, never before `since`: never
+The next scan starts at min(hwm, from) minus a second (and no later than a walked tie
+run), never before `since`: never
 later than the provider time at which this scan began, so a change that became visible
 late is read again; the overlap writes nothing (receipts dedupe by version).
 """
@@ -46,6 +49,7 @@ from datetime import datetime, timedelta
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
     CursorError,
+    Item,
     Watch,
     earliest,
     format_time,
@@ -92,14 +96,14 @@ class GitLabCursor:
         return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
                    None if nxt == NONE else nxt, Watch.decode(watch))
 
-    def after_page(self, *, ids: Sequence[str], updated: Sequence[datetime], served_at: datetime | None,
-                   next_link: str | None, first_page: Callable[[datetime], str]) -> GitLabCursor:
-        """The token after one page of this scan, whose items have the `ids` and `updated` times
-        in page order; the scan ends when `next_link` is None. `first_page(since)` is the path
-        of the listing's first page from `since`."""
+    def after_page(self, *, items: Sequence[Item], served_at: datetime | None, next_link: str | None,
+                   first_page: Callable[[datetime], str]) -> GitLabCursor:
+        """The token after one page of this scan, whose items (iid, `updated_at`) are in page
+        order; the scan ends when `next_link` is None. `first_page(since)` is the path of the
+        listing's first page from `since`."""
         scan_from = self.scan_from if self.next is not None else served_at
-        hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
-        step = page_step(self.watch, ids=ids, updated=updated, served=served_at, next_link=next_link,
+        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        step = page_step(self.watch, items=items, served=served_at, next_link=next_link,
                          keyset_param=KEYSET_PARAM, boundary=lambda t: t, hwm=hwm)
         if step.kind == "shift":  # the same scan again, from its own bound
             return GitLabCursor(seq=self.seq + 1, since=self.since, watch=step.watch)

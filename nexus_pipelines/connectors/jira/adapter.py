@@ -127,8 +127,7 @@ class JiraConnector:
             except ValueError as exc:  # a refused field (ValidationError), body (AdfError) or state
                 why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
                 return _invalid(f"issue {item.id}: {why}")
-        page_max = max((i.fields.updated for i in raw.issues), default=None)
-        after = cursor.after_page(ids=[item.id for item in raw.issues], page_max=page_max,
+        after = cursor.after_page(items=[(item.id, item.fields.updated) for item in raw.issues],
                                   served_at=served_at(response), next_token=token)
         encoded = after.encode()
         if len(encoded) > CURSOR_MAX_CHARS:
