@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
 from nexus_pipelines.connectors.scan_cursor import (
@@ -154,3 +156,23 @@ def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
     reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
     watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
     assert watch.walk == T and watch.owed == later
+
+
+_FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
+                                min_size=1, max_size=30)
+_TIME = st.just("-") | st.datetimes(timezones=st.timezones()).map(datetime.isoformat) | _FIELD
+_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
+                        st.integers(min_value=0, max_value=10**5) | _FIELD, _TIME, _TIME, _TIME, _TIME,
+                        st.integers(min_value=0, max_value=12) | _FIELD)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WATCH_LIKE | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=";"),
+                             min_size=1, max_size=200))
+def test_any_shift_field_decodes_to_a_watch_that_reads_back_or_is_a_cursor_error(text):
+    try:
+        watch = Watch.decode(text)
+    except CursorError:
+        return
+    again = Watch.decode(watch.encode())  # what a next cursor carries decodes, and is then stable
+    assert Watch.decode(again.encode()) == again
