@@ -34,9 +34,9 @@ The adapter asks for `pagination=keyset`; what comes back is told apart by the n
   short though more follow repeats the scan from `since` (`scan_cursor.page_step`).
 
 The next scan starts at min(hwm, from) minus a second (and no later than a walked tie
-run), never before `since`: never
-later than the provider time at which this scan began, so a change that became visible
-late is read again; the overlap writes nothing (receipts dedupe by version).
+run), never before `since`: never later than the provider time at which this scan
+began, so a change that became visible late is read again; the overlap writes nothing
+(receipts dedupe by version).
 """
 
 from __future__ import annotations
