@@ -296,7 +296,7 @@ class GitHubConnector:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")
         return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
-                                 excluded=excluded)
+                                 excluded=excluded, rescan=after.rescan)
 
     def _map(self, item: _Issue) -> ExternalIssue:
         user = item.user

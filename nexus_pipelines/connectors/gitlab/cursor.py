@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from nexus_pipelines.connectors.scan_cursor import (
@@ -72,6 +72,7 @@ class GitLabCursor:
     hwm: datetime | None = None
     next: str | None = None  # path and query of the next page, or None at a scan's start
     watch: Watch = Watch()
+    rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
         watch = self.watch.encode()
@@ -106,7 +107,7 @@ class GitLabCursor:
         step = page_step(self.watch, items=items, served=served_at, next_link=next_link,
                          keyset_param=KEYSET_PARAM, boundary=lambda t: t, hwm=hwm)
         if step.kind == "shift":  # the same scan again, from its own bound
-            return GitLabCursor(seq=self.seq + 1, since=self.since, watch=step.watch)
+            return GitLabCursor(seq=self.seq + 1, since=self.since, watch=step.watch, rescan=True)
         if step.kind == "anchor":  # an offset page: go on from a fresh first page, never skip
             return replace(self, seq=self.seq + 1, since=step.anchor, scan_from=scan_from, hwm=hwm,
                            next=first_page(step.anchor), watch=step.watch)

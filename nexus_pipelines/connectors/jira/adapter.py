@@ -133,7 +133,7 @@ class JiraConnector:
         if len(encoded) > CURSOR_MAX_CHARS:
             return _invalid("searching issues: nextPageToken is too long for a cursor token")
         return ExternalIssuePage(issues=tuple(issues), next_cursor=encoded, exhausted=not after.scan_goes_on,
-                                 excluded=excluded)
+                                 excluded=excluded, rescan=after.rescan)
 
     def _map(self, item: Issue) -> ExternalIssue:
         fields = item.fields

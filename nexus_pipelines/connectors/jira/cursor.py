@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -86,6 +86,7 @@ class JiraCursor:
     issued_at: datetime | None = None
     next: str | None = None  # Jira's nextPageToken, or None at a scan's start
     watch: Watch = Watch()
+    rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
         watch = self.watch.encode()
@@ -117,7 +118,7 @@ class JiraCursor:
         (the scan ends when `next_token` is None)."""
         more = next_token is not None
         if self.watch.shift_seen(items, more):  # the same scan again, from its own bound: see above
-            return JiraCursor(seq=self.seq + 1, since=self.since, watch=self.watch.after_shift())
+            return JiraCursor(seq=self.seq + 1, since=self.since, watch=self.watch.after_shift(), rescan=True)
         scan_from = self.scan_from if self.next is not None else served_at
         hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
         if more:

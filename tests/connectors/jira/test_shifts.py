@@ -6,11 +6,16 @@ from datetime import timedelta
 
 import pytest
 
+from nexus_pipelines.connectors.core import store
+from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.jira.cursor import JiraCursor
+from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.scan_cursor import MAX_SHIFT_RESTARTS
+from tests.connectors.conformance.suite import executor, scan
 from tests.connectors.jira.harness import JiraWorld
 from tests.connectors.shifts import *  # noqa: F403 - the shift rows run here for Jira
 from tests.connectors.shifts import PAGE, RUN, fetch, refs_of, tie_run_then_tail
+from tests.connectors.support import Plant, tickets_by_ref
 
 
 @pytest.fixture
@@ -30,8 +35,8 @@ def test_an_issue_indexed_late_behind_the_scans_position_restarts_the_scan_and_i
     world.advance(60)  # the index catches up: the issue appears before everything read so far
     second = fetch(adapter, first.next_cursor)
     restarted = JiraCursor.decode(second.next_cursor)
-    assert not second.exhausted and restarted.next is None and restarted.watch.restarts == 1  # counted
-    rest, _ = scan(world, adapter, page_size=PAGE, cursor=second.next_cursor)  # noqa: F405
+    assert second.rescan and not second.exhausted and restarted.next is None and restarted.watch.restarts == 1
+    rest, _ = scan(world, adapter, page_size=PAGE, cursor=second.next_cursor)
     assert refs_of([*first.issues, *second.issues, *rest]) == set(run + tail + [late])
 
 
@@ -55,5 +60,24 @@ def test_issues_indexed_late_on_every_page_repeat_a_scan_a_bounded_number_of_tim
     assert calls <= (MAX_SHIFT_RESTARTS + 1) * pages, calls  # bounded: the poll ends
     assert JiraCursor.decode(cursor).since is None  # and its cursor did not move past what it may have skipped
     world.advance(600)
-    again, _ = scan(world, adapter, page_size=PAGE, cursor=cursor)  # noqa: F405 - the next poll
+    again, _ = scan(world, adapter, page_size=PAGE, cursor=cursor)  # the next poll
     assert refs_of([*delivered, *again]) == set(run + tail + late)
+
+
+def test_a_poll_counts_the_scans_a_shift_repeated_and_the_issue_becomes_a_ticket(world, pool):
+    late = world.add_issue_at(world.state.clock.now() - timedelta(hours=2), title="indexed late")
+    run, tail = tie_run_then_tail(world)
+    world.index_late(late, world.state.clock.now() + timedelta(seconds=30))
+    plant = Plant(world, pool)
+    registration = world.registration(key="shifts")
+    plant.activate(registration)
+    rid = registration.registration_id
+    with pool.connection() as conn:
+        store.request_poll(conn, [rid])
+        report = poll(conn, REGISTRY, plant.composer, owner="test-poller", executor=executor(),
+                      registration_ids=[rid], on_tick=lambda tick: world.advance(60))
+    plant.route()
+    plant.drain([rid])
+    assert report.totals["shift_rescans"] == 1  # in the poll run's metadata
+    with pool.connection() as conn:
+        assert set(tickets_by_ref(conn, registration)) == set(run + tail + [late])
