@@ -266,19 +266,18 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     return result
 
 
-OFFSET_WORLDS = {"gitlab": ("tests.connectors.gitlab.harness", "GitLabWorld", {"keyset_for_issues": False}),
-                 "github": ("tests.connectors.github.harness", "GitHubWorld",
-                            {"issue_paging": "page", "on_sim_clock": True}),
-                 "jira": ("tests.connectors.jira.harness", "JiraWorld", {})}
-
-
 def _offset_world(provider: str):
-    import importlib
+    """The provider's simulator paging the issue listing by offset."""
+    from tests.connectors.github.harness import GitHubWorld
+    from tests.connectors.gitlab.harness import GitLabWorld
+    from tests.connectors.jira.harness import JiraWorld
 
-    module, name, options = OFFSET_WORLDS[provider]
-    world = getattr(importlib.import_module(module), name)(**options)
-    if provider == "jira":
-        world.state.offset_page_tokens = True
+    if provider == "gitlab":
+        return GitLabWorld(keyset_for_issues=False)
+    if provider == "github":
+        return GitHubWorld(issue_paging="page", on_sim_clock=True)
+    world = JiraWorld()
+    world.state.offset_page_tokens = True
     return world
 
 
