@@ -27,9 +27,8 @@ def world():
 
 def test_an_issue_indexed_late_behind_the_scans_position_restarts_the_scan_and_is_read(world):
     late = world.add_issue_at(world.state.clock.now() - timedelta(hours=2), title="indexed late")
-    world.index_late(late, world.state.clock.now() + timedelta(seconds=30))  # not searchable yet
     run, tail = tie_run_then_tail(world)
-    world.index_late(late, world.state.clock.now() + timedelta(seconds=30))
+    world.index_late(late, world.state.clock.now() + timedelta(seconds=30))  # not searchable yet
     adapter = world.adapter()
     first = fetch(adapter, None)
     world.advance(60)  # the index catches up: the issue appears before everything read so far
