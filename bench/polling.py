@@ -11,7 +11,12 @@ simulator in process (its time is measured at the transport and subtracted):
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
 4. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
-5. GitHub only, the rate-budget run: a sync that needs more requests than GitHub's primary
+5. the cost of a shift (`shift_rescan_calls`): on offset pages (GitLab without keyset, GitHub
+   `page=` links, Jira page tokens holding an offset), a tie run of 250 and a tail read in
+   three consecutive scans, once untouched and once with one issue of the run edited while
+   the run is walked: the extra list calls the edit costs (`shift_restart_calls`: the same for
+   an issue that appears behind the scan's position; `shift_scan_calls` has the counts);
+6. GitHub only, the rate-budget run: a sync that needs more requests than GitHub's primary
    budget allows per window, on the simulator's real clock and the real retry executor;
    the run waits for each reset through the durable poll schedule instead of failing or
    hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
@@ -255,9 +260,55 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
     }
+    result.update(shift_rescan_run(provider))
     if provider == "github":
         result["rate_budget"] = rate_budget_run(admin)
     return result
+
+
+def _offset_world(provider: str):
+    """The provider's simulator paging the issue listing by offset."""
+    from tests.connectors.github.harness import GitHubWorld
+    from tests.connectors.gitlab.harness import GitLabWorld
+    from tests.connectors.jira.harness import JiraWorld
+
+    if provider == "gitlab":
+        return GitLabWorld(keyset_for_issues=False)
+    if provider == "github":
+        return GitHubWorld(issue_paging="page", on_sim_clock=True)
+    world = JiraWorld()
+    world.state.offset_page_tokens = True
+    return world
+
+
+def _list_calls_over_three_scans(provider: str, change: str | None) -> int:
+    from datetime import timedelta
+
+    from tests.connectors.conformance.suite import scan
+    from tests.connectors.shifts import PAGE, fetch, tie_run_then_tail
+
+    world = _offset_world(provider)
+    run, _ = tie_run_then_tail(world)
+    adapter = world.adapter()
+    world.clear_requests()
+    first = fetch(adapter, None)
+    if change == "edit":  # an issue already read leaves the run: the rest shift back
+        world.update_issue(run[10], title="edited while the run was walked")
+    elif change == "appear":  # an issue stamped before the run is listed now: the rest shift on
+        world.add_issue_at(world.state.clock.now() - timedelta(days=1), title="listed late")
+    _, tokens = scan(world, adapter, page_size=PAGE, cursor=first.next_cursor)  # the run is longer than a page
+    for _ in range(2):  # the scan after it (the re-read) and one more (which must not re-read)
+        world.advance(120)
+        _, tokens = scan(world, adapter, page_size=PAGE, cursor=tokens[-1])
+    return sum(1 for operation, _ in world.requests() if operation == "list")
+
+
+def shift_rescan_run(provider: str) -> dict:
+    """The list calls one shift under a tie run walked on offset pages costs (see the docstring):
+    an edit (back) and, as `shift_restart_calls`, an issue appearing behind the position (on)."""
+    calm, edited, appeared = (_list_calls_over_three_scans(provider, c) for c in (None, "edit", "appear"))
+    return {"shift_rescan_calls": edited - calm, "shift_restart_calls": appeared - calm,
+            "shift_scan_calls": {"no_shift": calm, "one_edit": edited, "one_appearing": appeared}}
 
 
 def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: int = 4) -> dict:

@@ -31,6 +31,7 @@ def _tick_line(tick: TickReport) -> str:
     if tick.outcome == "page":
         return (f"{tick.revision_id}: {tick.issues} issues ({tick.admitted} new versions, "
                 f"{tick.issues - tick.admitted} unchanged, {tick.excluded} excluded), "
+                f"{'a shift under the scan: it repeats from its bound, ' if tick.rescan else ''}"
                 f"{'scan complete' if tick.exhausted else 'more pages'}, cursor {(tick.cursor or '')[:100]}")
     return f"{tick.revision_id}: {tick.outcome} {tick.failure} (next poll in {tick.retry_in_s}s)"
 

@@ -8,7 +8,9 @@ fields and paging; these are the parts that are the same everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qsl, urlsplit
 
@@ -89,3 +91,149 @@ def reanchor(next_link: str | None, first: datetime | None, last: datetime | Non
         return None
     anchor = boundary(last)
     return anchor if first < anchor else None
+
+
+# -- shifts: what a scan remembers so that a shift under its pages loses nothing ----------
+
+MAX_SHIFT_RESTARTS = 2  # a scan repeats at most this often in one poll; the next poll repeats it again
+_WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)$")
+Item = tuple[str, datetime]  # a listed item's immutable id and update time: the version a page shows
+
+
+@dataclass(frozen=True)
+class Watch:
+    """The part of a cursor that keeps shifts from losing an issue (the connector-author guide,
+    section 6). On offset pages (and behind an opaque page token that may hold an offset) an
+    edit, deletion or late-visible issue between two requests shifts later items by one:
+
+    * back (an item already read moved away): the item that moves onto a read page is
+      skipped. Re-anchored pages cannot skip (`reanchor`), but a tie walk can; so the
+      next scan starts no later than the first tie run walked and reads it once more. A
+      walk that was itself a re-read (its bound at or before `upto`) is read again only
+      if an update was stamped after the walk began (the one way it can have shifted
+      back), so a re-read of an unchanged run ends.
+    * forward (an item appeared before the position): the previous page's last item comes
+      back in the same version (`last`: seen twice), or a page is shorter than the scan's pages before it
+      (`size`: what the provider honours, which may be less than asked) though more follow;
+      either is proof of a shift, and the scan repeats from its own lower bound, at most
+      `MAX_SHIFT_RESTARTS` times in one poll (each costs the pages read so far); past that
+      the scan ends where it began, so the next poll repeats it and the cursor never moves
+      past what might have been skipped. `restarts` counts the repeats of this scan.
+    """
+
+    last: Item | None = None  # the last item of the page whose offset link was followed
+    size: int = 0  # the longest page of this scan that more pages followed
+    walk: datetime | None = None  # the bound of this scan's first tie walk
+    walk_from: datetime | None = None  # the provider time that walk began
+    owed: datetime | None = None  # the bound of the first tie walk that is no re-read: read it again
+    upto: datetime | None = None  # tie walks at or before this bound re-read the previous scan's
+    restarts: int = 0
+
+    def encode(self) -> str | None:
+        """The cursor field, or None when there is nothing to remember."""
+        if self == Watch():
+            return None
+        last_id, last_at = self.last or (NONE, None)
+        times = (format_time(t) for t in (self.walk, self.walk_from, self.owed, self.upto))
+        return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts)))
+
+    @classmethod
+    def decode(cls, text: str | None) -> Watch:
+        if text is None:
+            return cls()
+        match = _WATCH.match(text)
+        if not match:
+            raise CursorError("the shift field of a cursor is not well formed")
+        last_id, last_at, size, *times, restarts = match.groups()
+        at, walk, walk_from, owed, upto = (parse_time(t) for t in (last_at, *times))
+        if (last_id == NONE) != (at is None):
+            raise CursorError("the shift field of a cursor has half an item")
+        if int(restarts) > MAX_SHIFT_RESTARTS:
+            raise CursorError("a cursor counts more shift restarts than a poll makes")
+        last = None if at is None else (last_id, at)
+        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts))
+
+    def shift_seen(self, items: Sequence[Item], more: bool) -> bool:
+        """Whether this page, reached by an offset link or an opaque token (a first page and a
+        keyset page are consistent), proves a shift: the last item of the page before it is
+        here again in the same version (an edited one has moved on, which is no shift), or
+        the page is shorter than the scan's pages before it though more follow."""
+        return self.last is not None and (self.last in items or (more and len(items) < self.size))
+
+    def paged(self, items: Sequence[Item], more: bool) -> Watch:
+        """After a page that was no shift: the page size the provider honours."""
+        return replace(self, size=min(max(self.size, len(items)), 9999)) if more else self
+
+    def after_shift(self) -> Watch:
+        """The watch of the same scan repeated from its own lower bound: at once (`repeats`) up to
+        `MAX_SHIFT_RESTARTS` times, then at the next poll."""
+        if self.restarts < MAX_SHIFT_RESTARTS:
+            return Watch(upto=self.upto, restarts=self.restarts + 1)
+        return Watch(upto=self.upto)
+
+    @property
+    def repeats(self) -> bool:
+        """Whether a scan start with this watch repeats a shifted scan in the same poll."""
+        return self.restarts > 0
+
+    def followed(self, items: Sequence[Item]) -> Watch:
+        """After following an offset link (or an opaque token) from a page of these items."""
+        last = items[-1] if items else None
+        keep = last is not None and last[0].isascii() and last[0].isdigit() and len(last[0]) <= 24
+        return replace(self, last=last if keep else None)
+
+    def walked(self, bound: datetime, served: datetime | None, items: Sequence[Item]) -> Watch:
+        """After following the offset link of a page wholly inside a tie run from `bound`."""
+        owed = self.owed if self.owed is not None or (self.upto is not None and bound <= self.upto) else bound
+        return replace(self.followed(items), walk=self.walk or bound, walk_from=self.walk_from or served, owed=owed)
+
+    def left(self) -> Watch:
+        """After a fresh first page or a keyset link: no offset position to check."""
+        return replace(self, last=None)
+
+    def next_scan(self, hwm: datetime | None) -> tuple[datetime | None, Watch]:
+        """Once this scan is done: the latest time the next scan may start at (None: where the
+        other rules say) and its watch. A walk's bound is never before the scan's own bound."""
+        reread = self.owed
+        if self.walk is not None and hwm is not None and self.walk_from is not None and hwm >= self.walk_from:
+            reread = self.walk  # an update stamped during a walk may have shifted it back
+        if reread is None:
+            return None, Watch()
+        return reread, Watch(upto=hwm)
+
+
+@dataclass(frozen=True)
+class Step:
+    """What a scan over linked pages does after one page: `shift` (repeat the scan from its own
+    bound with `watch`), `anchor` (a fresh first page from `anchor`), `follow` (the next link
+    as given) or `end` (the scan is done; the next one starts no later than `anchor` when set)."""
+
+    kind: str
+    watch: Watch
+    anchor: datetime | None = None
+
+
+def page_step(watch: Watch, *, items: Sequence[Item], served: datetime | None, next_link: str | None,
+              keyset_param: str, boundary: Callable[[datetime], datetime], hwm: datetime | None) -> Step:
+    """The one rule for a page of a scan over keyset or offset links (GitLab, GitHub), whose
+    `items` are in page order: a shift repeats the scan; an offset page re-anchors
+    (`reanchor`) unless it is a tie walk, which the watch remembers; `hwm` is the scan's
+    newest update including this page."""
+    more = next_link is not None
+    if watch.shift_seen(items, more):
+        return Step("shift", watch.after_shift())
+    watch = watch.paged(items, more)
+    first, last = (items[0][1], items[-1][1]) if items else (None, None)
+    anchor = reanchor(next_link, first, last, keyset_param=keyset_param, boundary=boundary)
+    if anchor is not None:
+        return Step("anchor", watch.left(), anchor)
+    if more:
+        offset = last is not None and not is_keyset_link(next_link, keyset_param)
+        return Step("follow", watch.walked(boundary(last), served, items) if offset else watch.left())
+    reread, watch = watch.next_scan(hwm)
+    return Step("end", watch, reread)
+
+
+def earliest(*moments: datetime | None) -> datetime | None:
+    """The earliest of the known moments (None when none is known)."""
+    return min((m for m in moments if m is not None), default=None)

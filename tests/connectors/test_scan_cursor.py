@@ -5,8 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nexus_pipelines.connectors.scan_cursor import is_keyset_link, next_scan_since, reanchor
+from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
+from nexus_pipelines.connectors.scan_cursor import (
+    MAX_SHIFT_RESTARTS,
+    CursorError,
+    Watch,
+    is_keyset_link,
+    next_scan_since,
+    page_step,
+    reanchor,
+)
 
 T = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
@@ -70,3 +81,98 @@ def test_next_scan_since_is_unchanged():
     assert next_scan_since(None, T, T + timedelta(hours=1), timedelta(seconds=1)) == T - timedelta(seconds=1)
     assert next_scan_since(T, T - timedelta(hours=1), None, timedelta(seconds=1)) == T
     assert next_scan_since(T, None, None, timedelta(seconds=1)) == T
+
+
+# -- shifts ------------------------------------------------------------------------------
+
+def items(first: int, last: int, at: datetime = T) -> list[tuple[str, datetime]]:
+    return [(str(n), at) for n in range(first, last + 1)]
+
+
+PAGE = items(1, 10)
+
+
+def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
+    watch = Watch(last=("42", T + timedelta(microseconds=7)), size=100, walk=T, walk_from=T + timedelta(minutes=5),
+                  owed=T, upto=T + timedelta(minutes=6), restarts=1)
+    assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
+    assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
+    for bad in ("42,-,100,-,-,-,-,0", "-,2026-11-01T09:00:00Z,1,-,-,-,-,0", "x,-,1,-,-,-,-,0",
+                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-"):
+        with pytest.raises(CursorError):
+            Watch.decode(bad)
+
+
+def test_the_last_item_read_again_behind_an_offset_link_is_a_shift():
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    assert followed.shift_seen([PAGE[-1], *PAGE[:9]], True)
+    assert not followed.shift_seen(items(11, 20), True)
+    assert not Watch().shift_seen(PAGE, True)  # a first page is consistent
+
+
+def test_the_last_item_back_in_a_new_version_is_no_shift():
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    assert not followed.shift_seen([*items(11, 19), ("10", T + timedelta(seconds=1))], True)  # edited: moved on
+
+
+def test_a_page_shorter_than_the_scans_pages_though_more_follow_is_a_shift_only_behind_an_offset_link():
+    followed = Watch().paged(PAGE, True).followed(PAGE)
+    short = items(11, 19)
+    assert followed.shift_seen(short, True)
+    assert not followed.shift_seen(short, False)  # the last page
+    assert not Watch(size=10).shift_seen(short, True)  # a first page from an anchor, or a keyset page
+
+
+def test_a_shift_repeats_the_scan_at_once_a_bounded_number_of_times_then_at_the_next_poll():
+    watch, repeats = Watch(upto=T), 0
+    while (watch := watch.after_shift()).repeats:
+        repeats += 1
+        assert watch.upto == T
+    assert repeats == MAX_SHIFT_RESTARTS and watch == Watch(upto=T)
+
+
+def walk(watch: Watch, bound: datetime, served: datetime, page=None) -> Watch:
+    page = page or items(1, 10, bound)
+    return page_step(watch, items=page, served=served, next_link="/x?page=2", keyset_param="cursor",
+                     boundary=exact, hwm=bound).watch
+
+
+def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
+    walked = walk(Watch(), T, T + timedelta(hours=1))
+    assert walked.owed == T and walked.last == ("10", T)
+    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1)))
+
+
+def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_began():
+    began = T + timedelta(hours=1)
+    reread = walk(Watch(upto=T + timedelta(minutes=1)), T, began)
+    assert reread.owed is None
+    assert reread.next_scan(T + timedelta(minutes=1)) == (None, Watch())  # unchanged: done
+    assert reread.next_scan(began + timedelta(seconds=1))[0] == T  # something changed while it was walked
+
+
+def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
+    later = T + timedelta(minutes=9)
+    reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
+    watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
+    assert watch.walk == T and watch.owed == later
+
+
+_FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
+                                min_size=1, max_size=30)
+_TIME = st.just("-") | st.datetimes(timezones=st.timezones()).map(datetime.isoformat) | _FIELD
+_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
+                        st.integers(min_value=0, max_value=10**5) | _FIELD, _TIME, _TIME, _TIME, _TIME,
+                        st.integers(min_value=0, max_value=12) | _FIELD)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_WATCH_LIKE | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=";"),
+                             min_size=1, max_size=200))
+def test_any_shift_field_decodes_to_a_watch_that_reads_back_or_is_a_cursor_error(text):
+    try:
+        watch = Watch.decode(text)
+    except CursorError:
+        return
+    again = Watch.decode(watch.encode())  # what a next cursor carries decodes, and is then stable
+    assert Watch.decode(again.encode()) == again

@@ -144,6 +144,14 @@ def test_changes_stay_out_of_search_until_indexed(state, client):
     assert len(search(client).json()["issues"]) == 1
 
 
+def test_an_issue_indexed_late_stays_out_of_search_until_then_whatever_its_updated_says(state, client):
+    late, other = seed(state, 2)
+    state.index_late(SITE, late.id, state.clock.now() + timedelta(seconds=30))
+    assert [i["id"] for i in search(client).json()["issues"]] == [str(other.id)]
+    state.clock.advance(30)  # now it appears where its (earlier) update time sorts it: first
+    assert [i["id"] for i in search(client).json()["issues"]] == [str(late.id), str(other.id)]
+
+
 # -- credentials, permissions, limits ---------------------------------------------------------
 
 

@@ -57,6 +57,7 @@ class TickReport:
     admitted: int = 0  # new receipts (issue versions not seen before)
     admitted_refs: list[str] = field(default_factory=list)
     excluded: int = 0
+    rescan: bool = False  # the page proved a shift: the scan repeats from its bound
     exhausted: bool = False
     cursor: str | None = None
     attempts: int = 0
@@ -128,7 +129,7 @@ def run_tick(
         report.outcome, report.failure = "lost", str(exc)
         return report
     report.commit_s = time.perf_counter() - started
-    report.issues, report.excluded = len(result.issues), result.excluded
+    report.issues, report.excluded, report.rescan = len(result.issues), result.excluded, result.rescan
     report.exhausted, report.cursor = result.exhausted, result.next_cursor
     return report
 
@@ -186,6 +187,7 @@ class PollRunReport:
             "admitted": sum(t.admitted for t in pages),
             "unchanged": sum(t.issues - t.admitted for t in pages),
             "excluded": sum(t.excluded for t in pages),
+            "shift_rescans": sum(1 for t in pages if t.rescan),
             "failures": sum(1 for t in self.ticks if t.outcome == "failure"),
             "lost": sum(1 for t in self.ticks if t.outcome == "lost"),
             "attempts": sum(t.attempts for t in self.ticks),

@@ -127,7 +127,9 @@ class FetchIssuePage(BaseModel):
 
 class ExternalIssuePage(BaseModel):
     """A bounded page. `next_cursor` must advance whenever `issues` is non-empty (CX-04);
-    `excluded` counts provider items the adapter skipped by rule (GitHub pull requests)."""
+    `excluded` counts provider items the adapter skipped by rule (GitHub pull requests);
+    `rescan` says the page proved a shift under the scan (an item read twice, a short page
+    behind an offset), so `next_cursor` repeats the scan from its own bound."""
 
     model_config = _STRICT
 
@@ -136,6 +138,7 @@ class ExternalIssuePage(BaseModel):
     next_cursor: CursorToken
     exhausted: bool
     excluded: Annotated[int, Field(ge=0)] = 0
+    rescan: bool = False
 
 
 def _check_pair(reason: str, retry_class: str) -> None:

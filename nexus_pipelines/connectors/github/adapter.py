@@ -288,12 +288,15 @@ class GitHubConnector:
             link, link_path = parsed.raw_path.decode("ascii"), parsed.path
         etag = response.headers.get("ETag")
         etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
-        token = cursor.after_page(updated=[item.updated_at for item, _, _ in items], served=served_at(response),
-                                  etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size)).encode()
+        after = cursor.after_page(items=[(str(item.number), item.updated_at) for item, _, _ in items],
+                                  served=served_at(response),
+                                  etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size))
+        token = after.encode()
         if len(token) > CURSOR_MAX_CHARS:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link or ETag is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=link is None, excluded=excluded)
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
+                                 excluded=excluded, rescan=after.rescan)
 
     def _map(self, item: _Issue) -> ExternalIssue:
         user = item.user

@@ -1,6 +1,9 @@
 """The GitHub cursor: a readable, bounded token only the GitHub adapter interprets (CX-04).
 
-`gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>;next=<path?query>`
+`gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>[;w=<watch>];next=<path?query>`
+
+`w` is what the scan remembers against shifts (`scan_cursor.Watch`, absent when there is
+nothing).
 
 A scan lists `state=all&sort=updated&direction=asc` from the lower bound `since` and
 walks GitHub's `Link rel="next"` URLs exactly as given (`next`); page numbers are never
@@ -26,13 +29,15 @@ GitHub pages this listing in one of two ways, told apart by the next link:
   increases, so the chain of first pages ends; it costs about one re-read boundary
   item per page. A page wholly inside that two-second window is a tie run of at least a
   page: a first page from its bound would be the same page, so the page link is
-  followed (a tie walk). Residual limit: during a tie walk, an issue of the run updated
-  or deleted between two requests shifts the rest back one position, and the issue
-  that moves onto the page already read (one of the run, or the first one after it)
-  is skipped by this scan; the next scan reads it only if it is not older than its
-  start. A tie run of 1,000 or more cannot be walked by page number at all (GitHub
-  refuses pages that deep with 422; the scan restarts at the run and never gets past
-  it): only `after=` links get through such a run.
+  followed (a tie walk). During a tie walk an issue of the run updated or deleted
+  between two requests shifts the rest back one position and the issue that moves onto
+  the page already read is skipped by this scan, so the next scan starts no later than
+  the run and reads it once more; a page that brings back the last issue of the page
+  before (one appeared behind the position) or is short though more follow repeats the
+  scan from `since` (`scan_cursor.page_step`). A tie run of 1,000 or more cannot be
+  walked by page number at all (GitHub refuses pages that deep with 422; the scan
+  restarts at the run and never gets past it): only `after=` links get through such a
+  run.
 
 GitHub times are whole seconds and `since` is second-granular, so the next scan starts
 a whole second before min(hwm, from), never before `since`: never later than the
@@ -53,14 +58,23 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, next_scan_since, parse_time, reanchor
+from nexus_pipelines.connectors.scan_cursor import (
+    NONE,
+    CursorError,
+    Item,
+    Watch,
+    earliest,
+    next_scan_since,
+    page_step,
+    parse_time,
+)
 from nexus_pipelines.connectors.scan_cursor import format_time as format_seconds
 
 PREFIX = "gh1"
-_FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+);next=(.+)$")
+_FORMAT = re.compile(r"^gh1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);etag=([^;]+)(?:;w=([^;]+))?;next=(.+)$")
 SCAN_OVERLAP = timedelta(seconds=1)
 KEYSET_PARAM = "after"  # a next link without it is a page-number (offset) link
 
@@ -88,10 +102,14 @@ class GitHubCursor:
     hwm: datetime | None = None
     etag: str | None = None
     next: str | None = None  # path and query of the next page, or None at a scan's start
+    watch: Watch = Watch()
+    rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
+        watch = self.watch.encode()
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};etag={self.etag or NONE};next={self.next or NONE}")
+                f"hwm={format_time(self.hwm)};etag={self.etag or NONE}{f';w={watch}' if watch else ''};"
+                f"next={self.next or NONE}")
 
     @classmethod
     def decode(cls, token: str | None) -> GitHubCursor:
@@ -100,43 +118,54 @@ class GitHubCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a GitHub cursor token")
-        seq, since, scan_from, hwm, etag, nxt = match.groups()
+        seq, since, scan_from, hwm, etag, watch, nxt = match.groups()
         if nxt != NONE and not nxt.startswith("/"):
             raise CursorError("the next link of a GitHub cursor is a path")
         return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
-                   None if etag == NONE else etag, None if nxt == NONE else nxt)
+                   None if etag == NONE else etag, None if nxt == NONE else nxt, Watch.decode(watch))
 
     @property
     def at_scan_start(self) -> bool:
         return self.next is None
 
-    def after_page(self, *, updated: Sequence[datetime], served: datetime | None, etag: str | None,
+    @property
+    def scan_goes_on(self) -> bool:
+        """Whether the page that produced this token leaves the scan unfinished."""
+        return self.next is not None or self.watch.repeats
+
+    def after_page(self, *, items: Sequence[Item], served: datetime | None, etag: str | None,
                    next_link: str | None, first_page: Callable[[datetime], str]) -> GitHubCursor:
-        """The token after one page of this scan, whose items (pull requests included) have
-        the `updated` times in page order; the scan ends when `next_link` is None.
+        """The token after one page of this scan, whose items (number, `updated_at`; pull
+        requests included) are in page order; the scan ends when `next_link` is None.
         `first_page(since)` is the path of the listing's first page from `since`."""
         scan_from = self.scan_from if not self.at_scan_start else served
-        hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
-        anchor = reanchor(next_link, updated[0] if updated else None, updated[-1] if updated else None,
-                          keyset_param=KEYSET_PARAM, boundary=boundary)
-        if anchor is not None:  # an offset page: go on from a fresh first page, never skip
-            return replace(self, seq=self.seq + 1, since=anchor, scan_from=scan_from, hwm=hwm, etag=None,
-                           next=first_page(anchor))
-        if next_link is not None:
-            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=None, next=next_link)
+        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        step = page_step(self.watch, items=items, served=served, next_link=next_link,
+                         keyset_param=KEYSET_PARAM, boundary=boundary, hwm=_whole_second(hwm))
+        if step.kind == "shift":  # the same scan again, from its own bound
+            return GitHubCursor(seq=self.seq + 1, since=self.since, watch=step.watch, rescan=True)
+        if step.kind == "anchor":  # an offset page: go on from a fresh first page, never skip
+            return replace(self, seq=self.seq + 1, since=step.anchor, scan_from=scan_from, hwm=hwm, etag=None,
+                           next=first_page(step.anchor), watch=step.watch)
+        if step.kind == "follow":
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, etag=None, next=next_link,
+                           watch=step.watch)
         # a 304 to the first page proves nothing changed only when that page was the whole scan
-        return self._next_scan(scan_from, hwm, etag if self.at_scan_start else None)
+        return self._next_scan(scan_from, hwm, etag if self.at_scan_start else None, step.anchor, step.watch)
 
-    def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None) -> GitHubCursor:
+    def _next_scan(self, scan_from: datetime | None, hwm: datetime | None, etag: str | None,
+                   reread: datetime | None, watch: Watch) -> GitHubCursor:
         since = next_scan_since(self.since, _whole_second(hwm), _whole_second(scan_from), SCAN_OVERLAP)
+        if since is not None:
+            since = earliest(since, reread)  # a tie walk is read once more
         # the first page's ETag answers the same question only when the next scan asks it again
-        return GitHubCursor(seq=self.seq + 1, since=since, etag=etag if since == self.since else None)
+        return GitHubCursor(seq=self.seq + 1, since=since, etag=etag if since == self.since else None, watch=watch)
 
     def unchanged(self) -> GitHubCursor:
         """After a 304 to the scan's first page: nothing changed, the same question next time."""
-        return GitHubCursor(seq=self.seq + 1, since=self.since, etag=self.etag)
+        return GitHubCursor(seq=self.seq + 1, since=self.since, etag=self.etag, watch=self.watch)
 
     def restarted(self) -> GitHubCursor:
         """GitHub refused the stored next link (an expired or invalid `after=`): end this scan
         early; the next one starts no later than this one's start and high-water mark."""
-        return self._next_scan(self.scan_from, self.hwm, None)
+        return self._next_scan(self.scan_from, self.hwm, None, *self.watch.next_scan(_whole_second(self.hwm)))

@@ -216,16 +216,18 @@ class GitLabConnector:
                                     detail="the next-page link points to another origin")
             link = parsed.raw_path.decode("ascii")
         base = httpx.URL(f"{self._origin}{self._listing}")
-        token = cursor.after_page(
-            updated=[i.updated_at for i in raw], served_at=served_at(response), next_link=link,
+        after = cursor.after_page(
+            items=[(str(i.iid), i.updated_at) for i in raw], served_at=served_at(response), next_link=link,
             # a re-anchor happens on offset pages only: the fresh first page asks for offset pages too
             first_page=lambda since: base.copy_with(params=_first_page_params(since, request.page_size))
             .copy_remove_param("pagination").raw_path.decode("ascii"),
-        ).encode()
+        )
+        token = after.encode()
         if len(token) > 1024:
             return FetchFailure(retry_class="terminal", reason="invalid_payload",
                                 detail="the next-page link is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=link is None, excluded=excluded)
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
+                                 excluded=excluded, rescan=after.rescan)
 
     def _map(self, item: _Issue) -> ExternalIssue:
         return ExternalIssue(

@@ -1,10 +1,11 @@
 """The GitLab cursor: a readable, bounded token only the GitLab adapter interprets (CX-04).
 
-`gl1;n=<seq>;since=<t>;from=<t>;hwm=<t>;next=<path?query>` where `since` is the
+`gl1;n=<seq>;since=<t>;from=<t>;hwm=<t>[;w=<watch>];next=<path?query>` where `since` is the
 inclusive `updated_after` bound of the current query, `from` the provider's `Date` when
 the scan's first page was served, `hwm` the newest `updated_at` seen in the scan, and
-`next` the path of the next page to read. `n` grows with every page, so the token
-always advances.
+`next` the path of the next page to read, `w` what the scan remembers against shifts
+(`scan_cursor.Watch`, absent when there is nothing). `n` grows with every page, so the
+token always advances.
 
 The adapter asks for `pagination=keyset`; what comes back is told apart by the next link:
 
@@ -25,35 +26,40 @@ The adapter asks for `pagination=keyset`; what comes back is told apart by the n
   on at once (it is not exhausted). The anchor strictly increases, so the chain of first
   pages ends; it costs about one re-read boundary item per page. A page whose items all
   share one `updated_at` is a tie run of at least a page: a first page from it would be
-  the same page, so the page link is followed (a tie walk). Residual limit: during a
-  tie walk, an issue of the run updated or deleted between two requests shifts the rest
-  back one position, and the issue that moves onto the page already read (one of the
-  run, or the first one after it) is skipped by this scan; the next scan reads it only
-  if it is not older than its start.
+  the same page, so the page link is followed (a tie walk). During a tie walk an issue
+  of the run updated or deleted between two requests shifts the rest back one position
+  and the issue that moves onto the page already read is skipped by this scan, so the
+  next scan starts no later than the run and reads it once more; a page that brings
+  back the last issue of the page before (one appeared behind the position) or is
+  short though more follow repeats the scan from `since` (`scan_cursor.page_step`).
 
-The next scan starts at min(hwm, from) minus a second, never before `since`: never
-later than the provider time at which this scan began, so a change that became visible
-late is read again; the overlap writes nothing (receipts dedupe by version).
+The next scan starts at min(hwm, from) minus a second (and no later than a walked tie
+run), never before `since`: never later than the provider time at which this scan
+began, so a change that became visible late is read again; the overlap writes nothing
+(receipts dedupe by version).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
     CursorError,
+    Item,
+    Watch,
+    earliest,
     format_time,
     next_scan_since,
+    page_step,
     parse_time,
-    reanchor,
 )
 
 PREFIX = "gl1"
-_FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);next=(.+)$")
+_FORMAT = re.compile(r"^gl1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+)(?:;w=([^;]+))?;next=(.+)$")
 SCAN_OVERLAP = timedelta(seconds=1)
 KEYSET_PARAM = "cursor"  # a next link without it is an offset (page-number) link
 
@@ -65,10 +71,18 @@ class GitLabCursor:
     scan_from: datetime | None = None
     hwm: datetime | None = None
     next: str | None = None  # path and query of the next page, or None at a scan's start
+    watch: Watch = Watch()
+    rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
+        watch = self.watch.encode()
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};next={self.next or NONE}")
+                f"hwm={format_time(self.hwm)}{f';w={watch}' if watch else ''};next={self.next or NONE}")
+
+    @property
+    def scan_goes_on(self) -> bool:
+        """Whether the page that produced this token leaves the scan unfinished."""
+        return self.next is not None or self.watch.repeats
 
     @classmethod
     def decode(cls, token: str | None) -> GitLabCursor:
@@ -77,24 +91,27 @@ class GitLabCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a GitLab cursor token")
-        seq, since, scan_from, hwm, nxt = match.groups()
+        seq, since, scan_from, hwm, watch, nxt = match.groups()
         if nxt != NONE and not nxt.startswith("/"):
             raise CursorError("the next link of a GitLab cursor is a path")
         return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
-                   None if nxt == NONE else nxt)
+                   None if nxt == NONE else nxt, Watch.decode(watch))
 
-    def after_page(self, *, updated: Sequence[datetime], served_at: datetime | None, next_link: str | None,
+    def after_page(self, *, items: Sequence[Item], served_at: datetime | None, next_link: str | None,
                    first_page: Callable[[datetime], str]) -> GitLabCursor:
-        """The token after one page of this scan, whose items have the `updated` times in page
+        """The token after one page of this scan, whose items (iid, `updated_at`) are in page
         order; the scan ends when `next_link` is None. `first_page(since)` is the path of the
         listing's first page from `since`."""
         scan_from = self.scan_from if self.next is not None else served_at
-        hwm = max((t for t in (self.hwm, *updated) if t is not None), default=None)
-        anchor = reanchor(next_link, updated[0] if updated else None, updated[-1] if updated else None,
-                          keyset_param=KEYSET_PARAM, boundary=lambda last: last)
-        if anchor is not None:  # an offset page: go on from a fresh first page, never skip
-            return replace(self, seq=self.seq + 1, since=anchor, scan_from=scan_from, hwm=hwm,
-                           next=first_page(anchor))
-        if next_link is not None:
-            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link)
-        return GitLabCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))
+        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        step = page_step(self.watch, items=items, served=served_at, next_link=next_link,
+                         keyset_param=KEYSET_PARAM, boundary=lambda t: t, hwm=hwm)
+        if step.kind == "shift":  # the same scan again, from its own bound
+            return GitLabCursor(seq=self.seq + 1, since=self.since, watch=step.watch, rescan=True)
+        if step.kind == "anchor":  # an offset page: go on from a fresh first page, never skip
+            return replace(self, seq=self.seq + 1, since=step.anchor, scan_from=scan_from, hwm=hwm,
+                           next=first_page(step.anchor), watch=step.watch)
+        if step.kind == "follow":
+            return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, next=next_link, watch=step.watch)
+        since = next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP)
+        return GitLabCursor(seq=self.seq + 1, since=earliest(since, step.anchor) if since else None, watch=step.watch)

@@ -127,12 +127,13 @@ class JiraConnector:
             except ValueError as exc:  # a refused field (ValidationError), body (AdfError) or state
                 why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
                 return _invalid(f"issue {item.id}: {why}")
-        page_max = max((i.fields.updated for i in raw.issues), default=None)
-        encoded = cursor.after_page(page_max=page_max, served_at=served_at(response), next_token=token).encode()
+        after = cursor.after_page(items=[(item.id, item.fields.updated) for item in raw.issues],
+                                  served_at=served_at(response), next_token=token)
+        encoded = after.encode()
         if len(encoded) > CURSOR_MAX_CHARS:
             return _invalid("searching issues: nextPageToken is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=encoded, exhausted=token is None,
-                                 excluded=excluded)
+        return ExternalIssuePage(issues=tuple(issues), next_cursor=encoded, exhausted=not after.scan_goes_on,
+                                 excluded=excluded, rescan=after.rescan)
 
     def _map(self, item: Issue) -> ExternalIssue:
         fields = item.fields

@@ -1,6 +1,6 @@
 """The Jira cursor: a readable, bounded token only the Jira adapter interprets (CX-04).
 
-`jr1;n=<seq>;since=<t>;from=<t>;hwm=<t>;at=<t>;next=<nextPageToken>`: `since` is the
+`jr1;n=<seq>;since=<t>;from=<t>;hwm=<t>;at=<t>[;w=<watch>];next=<nextPageToken>`: `since` is the
 scan's inclusive lower bound, `from` the provider's `Date` when the scan's first page was
 served, `hwm` the newest `updated` seen in the scan, `at` the `Date` of the page that
 issued `next`, and `next` Jira's `nextPageToken`, sent back exactly as given. One scan is
@@ -18,21 +18,34 @@ Atlassian documents `nextPageToken` as opaque, not as a keyset position. If a si
 token holds an offset, an issue updated mid-scan shifts the later ones back and one is
 skipped whose `updated` may lie anywhere above the bound. So a scan that saw an issue
 updated after it began (hwm >= from) is followed by a scan from its own bound: a scan
-without such an update proves nothing shifted. The cost is a re-read while issues keep
-changing during long scans (a first sync of a busy site), never a missed issue.
+without such an update proves nothing shifted by an update. The cost is a re-read while
+issues keep changing during long scans (a first sync of a busy site), never a missed issue.
+An issue stamped before the scan that the search index shows only during it appears
+behind the position and shifts the later ones on: the page after brings back the last
+issue of the page before (`w`, `scan_cursor.Watch`), and the scan repeats from its own
+bound at once (at most `MAX_SHIFT_RESTARTS` times, then at the next poll).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
-from nexus_pipelines.connectors.scan_cursor import NONE, CursorError, format_time, next_scan_since, parse_time
+from nexus_pipelines.connectors.scan_cursor import (
+    NONE,
+    CursorError,
+    Item,
+    Watch,
+    format_time,
+    next_scan_since,
+    parse_time,
+)
 
 PREFIX = "jr1"
-_FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);at=([^;]+);next=(.+)$")
+_FORMAT = re.compile(r"^jr1;n=(\d{1,12});since=([^;]+);from=([^;]+);hwm=([^;]+);at=([^;]+)(?:;w=([^;]+))?;next=(.+)$")
 # At least the search index's lag: a change Jira had not made searchable yet is read next scan.
 SCAN_OVERLAP = timedelta(minutes=1)
 TOKEN_LIFETIME = timedelta(days=7)  # Jira: "This token will expire in 7 days."
@@ -72,10 +85,19 @@ class JiraCursor:
     hwm: datetime | None = None
     issued_at: datetime | None = None
     next: str | None = None  # Jira's nextPageToken, or None at a scan's start
+    watch: Watch = Watch()
+    rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
+        watch = self.watch.encode()
         return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)};next={self.next or NONE}")
+                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)}{f';w={watch}' if watch else ''};"
+                f"next={self.next or NONE}")
+
+    @property
+    def scan_goes_on(self) -> bool:
+        """Whether the page that produced this token leaves the scan unfinished."""
+        return self.next is not None or self.watch.repeats
 
     @classmethod
     def decode(cls, token: str | None) -> JiraCursor:
@@ -84,20 +106,24 @@ class JiraCursor:
         match = _FORMAT.match(token)
         if not match:
             raise CursorError("not a Jira cursor token")
-        seq, *times, nxt = match.groups()
+        seq, *times, watch, nxt = match.groups()
         since, scan_from, hwm, issued_at = (parse_time(t) for t in times)
         if any(t is not None and not _EARLIEST <= t < _LATEST for t in (since, scan_from, hwm, issued_at)):
             raise CursorError("a cursor time is out of range")
-        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt)
+        return cls(int(seq), since, scan_from, hwm, issued_at, None if nxt == NONE else nxt, Watch.decode(watch))
 
-    def after_page(self, *, page_max: datetime | None, served_at: datetime | None,
+    def after_page(self, *, items: Sequence[Item], served_at: datetime | None,
                    next_token: str | None) -> JiraCursor:
-        """The token after one page of this scan (the scan ends when `next_token` is None)."""
+        """The token after one page of this scan, whose issues (id, `updated`) are in page order
+        (the scan ends when `next_token` is None)."""
+        more = next_token is not None
+        if self.watch.shift_seen(items, more):  # the same scan again, from its own bound: see above
+            return JiraCursor(seq=self.seq + 1, since=self.since, watch=self.watch.after_shift(), rescan=True)
         scan_from = self.scan_from if self.next is not None else served_at
-        hwm = max((t for t in (self.hwm, page_max) if t is not None), default=None)
-        if next_token is not None:
+        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        if more:
             return replace(self, seq=self.seq + 1, scan_from=scan_from, hwm=hwm, issued_at=served_at,
-                           next=next_token)
+                           next=next_token, watch=self.watch.paged(items, more).followed(items))
         if hwm is not None and scan_from is not None and hwm >= scan_from:
             return JiraCursor(seq=self.seq + 1, since=self.since)  # something changed mid-scan: see above
         return JiraCursor(seq=self.seq + 1, since=next_scan_since(self.since, hwm, scan_from, SCAN_OVERLAP))

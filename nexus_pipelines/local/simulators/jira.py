@@ -19,7 +19,8 @@ dates are wall times in the account's profile time zone. State changes are live:
 update between two page requests moves the issue in the next page (the page token is a
 keyset position over the query's sort order; `offset_page_tokens` makes it an offset, as
 an opaque token may be), and `index_lag` keeps a change out of search results for a
-while, as Jira's eventually consistent search may. Each work type has its
+while, as Jira's eventually consistent search may (`index_late` for one issue, so one
+stamped before a scan can appear behind a scan's position). Each work type has its
 own workflow, so transition ids differ between types.
 """
 
@@ -167,6 +168,9 @@ class JiraState:
         self.rate_limit: RateLimit | None = None
         # Jira: "Recent updates might not be immediately visible in the returned search results."
         self.index_lag = timedelta(0)  # a change is searchable this long after it happened
+        # one issue's change searchable only from a later moment (its reindex lagged behind):
+        # an issue stamped before a scan can then appear among results a scan has passed
+        self.searchable_from: dict[tuple[str, int], datetime] = {}
         # Atlassian documents nextPageToken as opaque; a site whose token holds an offset
         # (not a keyset position) shifts later issues back when one already read is updated.
         self.offset_page_tokens = False
@@ -231,6 +235,16 @@ class JiraState:
                 setattr(issue, name, value)
             issue.updated = updated_at or self.clock.now()
             return issue
+
+    def index_late(self, cloud_id: str, issue_id: int, until: datetime) -> None:
+        """Keep the issue out of search results until `until`, whatever its `updated` says."""
+        with self._lock:
+            self.searchable_from[(cloud_id, issue_id)] = until
+
+    def searchable(self, cloud_id: str, issue: Issue, now: datetime) -> bool:
+        if self.index_lag and issue.updated > now - self.index_lag:
+            return False
+        return self.searchable_from.get((cloud_id, issue.id), now) <= now
 
     def move_issue(self, cloud_id: str, issue_id: int, project_id: int) -> Issue:
         """Jira keeps the id and gives the issue a key in its new project."""
@@ -503,9 +517,9 @@ class JiraSimulator(Simulator):
         def position(issue: Issue) -> list[int]:
             return [_sort_value(issue, name) * (-1 if descending else 1) for name, descending in order]
 
-        lag, now = self.state.index_lag, self.state.clock.now()
+        now = self.state.clock.now()
         matching = sorted((i for (s, _), i in self.state.issues.items() if s == site and i.project_id == project.id
-                           and not (lag and i.updated > now - lag) and _matches(i, query, zone)), key=position)
+                           and self.state.searchable(s, i, now) and _matches(i, query, zone)), key=position)
         after, offset = matching, 0
         token = request.param("nextPageToken")
         if token is not None:

@@ -150,7 +150,7 @@ def test_the_cursor_round_trips_and_refuses_garbage():
     cursor = GitLabCursor(seq=4, since=datetime(2026, 1, 1, tzinfo=UTC), scan_from=None,
                           hwm=datetime(2026, 1, 2, tzinfo=UTC), next="/api/v4/projects/1/issues?cursor=abc")
     assert GitLabCursor.decode(cursor.encode()) == cursor
-    ended = cursor.after_page(updated=[datetime(2026, 1, 3, tzinfo=UTC)], served_at=None, next_link=None,
+    ended = cursor.after_page(items=[("7", datetime(2026, 1, 3, tzinfo=UTC))], served_at=None, next_link=None,
                               first_page=lambda since: pytest.fail("the scan ended"))
     assert ended.next is None and ended.since == datetime(2026, 1, 3, tzinfo=UTC) - timedelta(seconds=1)
     for bad in ("gl2;n=1", "gl1;n=x;since=-;from=-;hwm=-;next=-", "gl1;n=1;since=yesterday;from=-;hwm=-;next=-",
