@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from nexus_pipelines.integrations.http import ENDPOINT, parse_retry_after
+from nexus_pipelines.redaction import register_secret
 
 REQUEST_LIMIT_EXCEEDED = "REQUEST_LIMIT_EXCEEDED"
 _TRANSIENT_STATUSES = frozenset({408, 429})
@@ -161,6 +162,7 @@ class ClientCredentialsAuth(httpx.Auth):
                 "check the client id/secret and the Connected App"
             )
         token = parse_token(response.content)
+        register_secret(token.access_token.get_secret_value())
         self._check_token(token)
         self._token = token
 

@@ -42,6 +42,11 @@ def test_secret_looking_literals_anywhere_are_refused_without_echoing_them():
         parse_registration(data(base_url="https://user:pass@gitlab.example.com"), REGISTRY, source="a.yaml")
 
 
+def test_a_readable_key_with_digits_and_dashes_is_a_key_not_a_secret():
+    registration = parse_registration({**data(), "key": "gh-rl-secondary-403-retry-after"}, REGISTRY, source="a.yaml")
+    assert registration.revision_id.startswith("gh-rl-secondary-403-retry-after@")
+
+
 @pytest.mark.parametrize("change, message", [
     ({"kind": "svn"}, "unknown connector kind 'svn'"),
     ({"surprise": 1}, "surprise: Extra inputs are not permitted"),
