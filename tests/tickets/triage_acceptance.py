@@ -138,6 +138,22 @@ def test_acceptance_needs_an_actor_priority_not_the_automatic_p2(plant, pool):
             triage(conn, commander, ticket, "REJECTED")
 
 
+def test_setting_the_priority_an_actor_already_set_is_an_unchanged_reply_that_records_nothing(plant, pool):
+    project = _project()
+    _, (ticket, _) = _ingest(plant, project)
+    with pool.connection() as conn:
+        commander, _ = member(conn, f"acme/{project}", "commander")
+        first = set_priority(conn, commander, ticket, "P1", reason="customer impact")
+        again = set_priority(conn, commander, ticket, "P1", reason="still customer impact")
+        assert (again.unchanged, again.replayed, again.command_seq, again.version, again.priority) == (
+            True, False, None, first.version, "P1")
+        facts = conn.execute("SELECT prior_priority, priority FROM ticket_priority_facts WHERE ticket_id = %s"
+                             " ORDER BY fact_id", (ticket,)).fetchall()
+        assert facts == [(None, "P2"), ("P2", "P1")]  # intake's, then the one decision; no P1->P1
+        assert _state(conn, ticket)[3] == first.version
+        assert set_priority(conn, commander, ticket, "P3").unchanged is False  # a change is still recorded
+
+
 def test_duplicate_appends_one_same_project_relation_cancels_and_never_closes(plant, make_world, pool):
     project = _project()
     registration, (dup, canonical) = _ingest(plant, project)
