@@ -59,13 +59,13 @@ def list_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 def status_cmd(keys: tuple[str, ...], as_json: bool) -> None:
     """Revisions with their cursor, schedule, failures and ticket counts."""
+    from nexus_pipelines.bindings import ticket_counts
     from nexus_pipelines.connectors.core import store
-    from nexus_pipelines.tickets.queries import counts_by_registration
 
     ids = [r.registration_id for r in _select(keys)] if keys else None
     with control_connection() as conn:
         views = store.progress(conn, ids)
-        counts = counts_by_registration(conn)
+        counts = ticket_counts(conn)
     if not views:
         click.echo("no registration revision is registered yet: run `nexus-pipelines connectors activate`")
     for view in views:
@@ -88,11 +88,10 @@ def status_cmd(keys: tuple[str, ...], as_json: bool) -> None:
 @click.option("--all", "everything", is_flag=True, help="Every registration in configs/connectors/.")
 def activate_cmd(keys: tuple[str, ...], everything: bool) -> None:
     """Make each registration file's current revision the polling one (the old revision drains first)."""
-    from nexus_pipelines.bindings import build_handler_registry, build_route_table
+    from nexus_pipelines.bindings import build_handler_registry, build_route_table, route_versions
     from nexus_pipelines.connectors.core.activation import ActivationRefused, activate
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.control.db import make_pool
-    from nexus_pipelines.tickets.handlers import route_versions
     from nexus_pipelines.workqueue.generations import GenerationGateError
     from nexus_pipelines.workqueue.receipts import route_receipts
     from nexus_pipelines.workqueue.worker import drain
