@@ -1,4 +1,4 @@
-"""Phase 3 triage acceptance on real ingested GitLab items."""
+"""The shared triage acceptance on real ingested GitLab items."""
 
 import itertools
 

@@ -12,7 +12,7 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.writeback.assets import asset_keys, build_writeback_assets, source_asset_spec
 from nexus_pipelines.definitions import defs as writeback_defs
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
+from nexus_pipelines.local.month_end_arr_source import mark_load
 from nexus_pipelines.writeback.registry import get_job
 
 from .support import dagster_resources, new_state, seed, seed_source, write_config

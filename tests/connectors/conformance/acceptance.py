@@ -251,7 +251,7 @@ def test_only_an_eligible_ticket_takes_a_success_proof(plant, pool, request):
         assert counts(conn, registration)["commands"] == 1
 
 
-def test_phase1_two_active_registrations_are_isolated(make_world, pool, request):
+def test_two_active_registrations_are_isolated(make_world, pool, request):
     plants = [Plant(make_world(), pool) for _ in range(2)]
     registrations = [p.world.registration(key=f"{_key(request)}-{n}") for n, p in enumerate(plants)]
     for plant, registration in zip(plants, registrations):

@@ -229,7 +229,7 @@ def _attempt():
     return ConnectorAttempt(attempt_number=1, deadline_remaining_milliseconds=DEADLINE_MS)
 
 
-def test_phase1_retry_classifies_connect_error(world):
+def test_the_retry_classifies_a_connect_error_and_a_refused_close_writes_once(world):
     refs = world.add_issues(2)
     world.fail_next("list", "connect_error")
     result, log = executor().fetch(world.adapter(), FetchIssuePage(cursor=None, page_size=10))
@@ -246,11 +246,11 @@ def test_phase1_retry_classifies_connect_error(world):
     assert sum(1 for c in world.comments(refs[0]) if "[nexus:close:" in c) == 1
 
 
-def test_phase1_retry_classifies_read_error(world):
+def test_the_retry_classifies_a_read_error(world):
     _first_transport_row(world, "read_error", "transport_read", "apply_then_read_error")
 
 
-def test_phase1_retry_classifies_remote_protocol_error(world):
+def test_the_retry_classifies_a_remote_protocol_error(world):
     _first_transport_row(world, "protocol_error", "transport_protocol", "apply_then_protocol_error")
 
 
