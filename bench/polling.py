@@ -61,7 +61,7 @@ def _gitlab(issues: int):
 
     from nexus_pipelines.local.simulators.gitlab import GitLabSimulator
     from nexus_pipelines.local.simulators.http import to_sim_request
-    from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+    from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 
     world = GitLabWorld()
     start = world.state.clock.now() - timedelta(days=30)
@@ -82,7 +82,7 @@ def _github(issues: int, **world_options):
 
     from nexus_pipelines.local.simulators.github import GitHubSimulator
     from nexus_pipelines.local.simulators.http import to_sim_request
-    from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+    from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 
     world = GitHubWorld(**world_options)
     start = world.state.clock.now() - timedelta(days=30)
@@ -103,7 +103,7 @@ def _jira(issues: int):
 
     from nexus_pipelines.local.simulators.http import to_sim_request
     from nexus_pipelines.local.simulators.jira import JiraSimulator
-    from tests.connectors.jira.harness import JiraWorld
+    from nexus_pipelines.local.worlds.jira import JiraWorld
 
     world = JiraWorld()
     start = world.state.clock.now() - timedelta(days=30)
@@ -162,7 +162,7 @@ def _plant(pool, world, operation_of):
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.registry import ComposeContext
     from nexus_pipelines.connectors.registry import REGISTRY
-    from tests.connectors.support import Plant, executor
+    from nexus_pipelines.local.worlds.plant import Plant, executor
 
     timed = TimedTransport(world.transport, operation_of)
     plant = Plant(world, pool)
@@ -189,7 +189,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     from nexus_pipelines.connectors.core import store
     from nexus_pipelines.connectors.core.tick import poll
     from nexus_pipelines.connectors.registry import REGISTRY
-    from tests.connectors.support import executor
+    from nexus_pipelines.local.worlds.plant import executor
 
     dsn, pool = _database(admin, f"bench_polling_{provider}")
     world, operation_of = PROVIDERS[provider](args.issues)

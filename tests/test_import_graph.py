@@ -1,7 +1,8 @@
 """The domain packages import each other in one direction only: no cycle between them (for
 example tickets use the connector contract, and connectors never import tickets). The
 composition roots that join the domains (`definitions.py`, `bindings.py`, the CLI entry
-point) are outside the graph; every import statement counts, module level or not."""
+point) are outside the graph; every import statement counts, module level or not. Neither
+the package nor the benchmarks import the tests: what both drive lives in the package."""
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _imports(path: Path) -> set[str]:
-    here = _module_name(path).split(".")
+def _imports(path: Path, *, absolute_only: bool = False) -> set[str]:
+    here = [] if absolute_only else _module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
+        elif isinstance(node, ast.ImportFrom) and not (absolute_only and node.level):
             base = package[: len(package) - node.level + 1] if node.level else []
             module = ".".join([*base, node.module] if node.module else base)
             found |= {module} | {f"{module}.{alias.name}" for alias in node.names}
@@ -78,6 +79,13 @@ def test_tickets_use_the_connector_contract_and_connectors_never_import_tickets(
     graph = domain_graph()
     assert "connectors" in graph["tickets"]
     assert "tickets" not in graph["connectors"]
+
+
+def test_the_benchmarks_and_the_package_never_import_the_tests():
+    sources = [*PACKAGE.rglob("*.py"), *(PACKAGE.parent / "bench").rglob("*.py")]
+    importing = [str(p.relative_to(PACKAGE.parent)) for p in sources
+                 if any(m == "tests" or m.startswith("tests.") for m in _imports(p, absolute_only=True))]
+    assert importing == []
 
 
 def test_the_cycle_finder_sees_a_cycle_through_a_third_package():

@@ -9,7 +9,7 @@ import pytest
 
 from nexus_pipelines.credentials import SecretReferenceError, check_reference, resolve
 from nexus_pipelines.redaction import basic_credentials, describe_exception, looks_like_secret, one_line, redact
-from tests.tokens import atlassian_token, github_token, gitlab_token, pem_block
+from nexus_pipelines.local.worlds.tokens import atlassian_token, github_token, gitlab_token, pem_block
 
 
 @pytest.mark.parametrize(

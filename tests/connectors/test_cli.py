@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
 from tests.connectors.served import serve_gitlab
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("cli-test-0123456789abcdefghij")
 

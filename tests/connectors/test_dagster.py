@@ -18,8 +18,8 @@ from nexus_pipelines.tickets.jobs import record_proof_job, tickets_observe_job
 from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
-from tests.tickets.support import accept
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.plant import accept
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("dagster-test-0123456789abcdef")
 

@@ -21,7 +21,7 @@ from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
 from tests.connectors.support import all_control_text
-from tests.tickets.support import accept
+from nexus_pipelines.local.worlds.plant import accept
 
 
 def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, control_dsn, pool, caplog):

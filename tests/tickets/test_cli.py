@@ -9,8 +9,8 @@ import re
 from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.connectors.support import Plant
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
 from tests.tickets.support import ingest
 
 

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.handlers import PermanentError
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import Plant, counts
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import counts
 
 
 def _claimed_observation(plant, pool, key):

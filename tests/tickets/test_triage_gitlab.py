@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 from tests.tickets.triage_acceptance import *  # noqa: F403 - the shared triage acceptance runs here for GitLab
 
 

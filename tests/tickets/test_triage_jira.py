@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
+from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
 from tests.tickets.triage_acceptance import *  # noqa: F403 - the shared triage acceptance runs here for Jira
 
 

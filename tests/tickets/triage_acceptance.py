@@ -21,8 +21,10 @@ from nexus_pipelines.tickets.proofs import ProofRefused, record_proof
 from nexus_pipelines.tickets.queries import ticket_detail
 from nexus_pipelines.actors.store import memberships, revoke
 from nexus_pipelines.workqueue.dlq import replay
-from tests.connectors.support import Plant, counts
-from tests.tickets.support import ingest, member, set_priority, triage, version
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import counts
+from nexus_pipelines.local.worlds.plant import member
+from tests.tickets.support import ingest, set_priority, triage, version
 
 
 @pytest.fixture

@@ -19,7 +19,8 @@ from nexus_pipelines.connectors.core.tick import run_tick
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.tickets.proofs import ProofRefused
 from nexus_pipelines.workqueue.dlq import replay
-from tests.connectors.support import Plant, counts, executor, tickets_by_ref
+from nexus_pipelines.local.worlds.plant import Plant, executor
+from tests.connectors.support import counts, tickets_by_ref
 
 
 @pytest.fixture

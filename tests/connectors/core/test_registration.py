@@ -9,7 +9,7 @@ from nexus_pipelines.connectors.core.registration import RegistrationError, from
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.connectors.gitlab import SPEC
 from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, REGISTRY, load_registrations
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 
 def data(**provider):
