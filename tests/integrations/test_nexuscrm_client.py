@@ -174,6 +174,15 @@ def test_token_exchange_then_reuse(client: NexusCrmClient, state: NexusCrmState)
                                     "upsert": 1, "upsert:status_200": 1}
 
 
+def test_an_issued_access_token_is_redacted_wherever_it_is_echoed(client: NexusCrmClient,
+                                                                  state: NexusCrmState) -> None:
+    from nexus_pipelines.redaction import redact
+
+    client.authenticate()
+    (token,) = state._tokens  # the one access token the simulated org issued to this client
+    assert redact(f"upstream echoed {token} back") == "upstream echoed [redacted] back"
+
+
 def test_rejected_client_secret_is_one_line_auth_error() -> None:
     state = make_state()
     bad = NexusCrmCredentials(base_url="https://nexuscrm.test", client_id=CLIENT_ID, client_secret="wrong-secret")
