@@ -1,4 +1,5 @@
-"""The static connector registry (CX-17): one reviewed row per first-party connector.
+"""The static connector registry (docs/design/connector-contract.md, "The static registry and
+the freeze set"): one reviewed row per first-party connector.
 
 Adding a connector adds one row here; nothing is discovered or imported by name.
 """

@@ -7,7 +7,7 @@ worked, during 503 or connection retries) is refreshed again. Only two 401s in a
 with no accepted call between them (a fresh token rejected too) are an authentication
 failure; any other answer, or a request that got no answer at all (it may have been
 applied), ends the row. Retries of transient failures are the caller's (the CRM
-client's section 11 loop): a token request that fails transiently raises
+client's retry loop): a token request that fails transiently raises
 `TokenUnavailable`.
 
 Never logged or put in an exception: the client id and secret, tokens, the OAuth

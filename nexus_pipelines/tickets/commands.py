@@ -1,4 +1,4 @@
-"""The two project-scoped ticket commands (seed 002, "Triage commands and projections").
+"""The two project-scoped ticket commands (docs/design/triage-authority.md, "Commands").
 
 * `triage_connector_ticket`: the project's commander records ACCEPTED, DUPLICATE or
   REJECTED, once, from UNTRIAGED. ACCEPTED needs an actor's priority assignment recorded

@@ -1,4 +1,5 @@
-"""Job configuration (seed 004 section 6): a strict model plus safe SQL path resolution.
+"""Job configuration (docs/design/writeback-run.md, "Steps"): a strict model plus safe SQL
+path resolution.
 
 The YAML owns environment, transport, state and execution-policy facts; the
 registered job owns its name and the mapper owns the target object and fields.
@@ -246,7 +247,7 @@ def load_config(path: str | Path, *, root: Path = PROJECT_ROOT) -> LoadedConfig:
 
 
 def check_target_url(url: str, *, local_mode: bool) -> str:
-    """Section 6: https outside local mode; local mode allows http to loopback only."""
+    """https outside local mode; local mode allows http to loopback only."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)

@@ -1,5 +1,5 @@
 """Contract tests of the NexusCRM client against the project's NexusCRM simulator
-(seed 004 section 15), in process through SimulatorTransport."""
+(the contract tests of the writeback), in process through SimulatorTransport."""
 
 from __future__ import annotations
 

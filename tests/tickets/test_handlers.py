@@ -77,7 +77,7 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
 
 
 def test_an_issue_closed_at_the_source_changes_no_ticket_authority_and_closes_nothing(pool):
-    """CX-11: provider input carries no authority: a source close is an observation only."""
+    """Provider input carries no authority: a source close is an observation only."""
     plant = Plant(GitLabWorld(), pool)
     registration = plant.world.registration(key="closed-at-source")
     plant.activate(registration)

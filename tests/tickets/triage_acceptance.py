@@ -1,4 +1,4 @@
-"""Phase 3 acceptance (seed 002) on real ingested items: intake through the code location's
+"""Triage acceptance (docs/design/triage-authority.md) on real ingested items: intake through the code location's
 own poll, routing, drain and ticket handlers against a provider world, then triage and
 priority through the two commands with actors authenticated by their credentials.
 

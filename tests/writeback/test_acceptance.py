@@ -1,4 +1,4 @@
-"""Seed 004 section 15 staging acceptance 1-7, reproduced on the local stack: real
+"""The writeback's staging acceptance (docs/design/writeback-run.md), reproduced on the local stack: real
 Postgres, the BigQuery emulator, and the NexusCRM simulator (over HTTP on loopback
 where several processes must share one CRM)."""
 

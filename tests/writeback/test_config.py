@@ -1,4 +1,4 @@
-"""Strict job config (seed 004 section 6) and safe SQL path resolution."""
+"""Strict job config (docs/design/writeback-run.md, "Steps") and safe SQL path resolution."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Postgres ledger: state transitions, unchanged skipping, attempt counts, fenced
-batch commits, retention, and the seed's table/column shape."""
+batch commits, retention, and the documented table/column shape."""
 
 from __future__ import annotations
 

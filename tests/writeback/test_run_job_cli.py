@@ -1,4 +1,4 @@
-"""`nexus-pipelines run-job`: the seed's Cloud Run Job command and its exit codes, through
+"""`nexus-pipelines run-job`: the writeback's Cloud Run Job command and its exit codes, through
 click's runner against the simulator served over HTTP."""
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ class Plant:
 
     def prove(self, ticket_id: int, request_id: str = "proof-1", evidence: str = "shipped in release 42"):
         """Record a success proof; an open, untriaged connector ticket is first accepted by its project's
-        commander, as only an ACCEPTED ticket takes one (phase 3)."""
+        commander, as only an ACCEPTED ticket takes one."""
         with self.pool.connection() as conn:
             if conn.execute("""SELECT 1 FROM tickets t JOIN ticket_custody_links USING (ticket_id)
                                 WHERE ticket_id = %s AND t.status = 'open' AND t.triage_state = 'UNTRIAGED'""",

@@ -1,4 +1,5 @@
-"""The shared real-Postgres acceptance for every connector (CX-18): the provider's simulator
+"""The shared real-Postgres acceptance for every connector (the admission contract of
+docs/design/connector-contract.md): the provider's simulator
 behind an in-process transport, the real control plane, and the code location's own
 poll, routing, work-queue drain and ticket handlers.
 

@@ -1,4 +1,5 @@
-"""The shared connector conformance suite (CX-18): the admission contract for every connector.
+"""The shared connector conformance suite: the admission contract for every connector
+(docs/design/connector-contract.md, "Conformance").
 
 A provider binds itself with `from tests.connectors.conformance.suite import *` in its own
 `test_conformance.py` and a `world` fixture returning its `World` (see `harness.py`).

@@ -1,4 +1,4 @@
-"""The seam's values refuse every combination the seed forbids."""
+"""The seam's values refuse every combination the connector contract forbids."""
 
 from __future__ import annotations
 
