@@ -66,7 +66,7 @@ def _gitlab(issues: int):
 
     from nexus_pipelines.local.simulators.gitlab import GitLabSimulator
     from nexus_pipelines.local.simulators.http import to_sim_request
-    from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+    from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 
     world = GitLabWorld()
     start = world.state.clock.now() - timedelta(days=30)
@@ -87,7 +87,7 @@ def _github(issues: int, **world_options):
 
     from nexus_pipelines.local.simulators.github import GitHubSimulator
     from nexus_pipelines.local.simulators.http import to_sim_request
-    from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+    from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 
     world = GitHubWorld(**world_options)
     start = world.state.clock.now() - timedelta(days=30)
@@ -108,7 +108,7 @@ def _jira(issues: int):
 
     from nexus_pipelines.local.simulators.http import to_sim_request
     from nexus_pipelines.local.simulators.jira import JiraSimulator
-    from tests.connectors.jira.harness import JiraWorld
+    from nexus_pipelines.local.worlds.jira import JiraWorld
 
     world = JiraWorld()
     start = world.state.clock.now() - timedelta(days=30)
@@ -167,7 +167,7 @@ def _plant(pool, world, operation_of):
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.registry import ComposeContext
     from nexus_pipelines.connectors.registry import REGISTRY
-    from tests.connectors.support import Plant, executor
+    from nexus_pipelines.local.worlds.plant import Plant, executor
 
     timed = TimedTransport(world.transport, operation_of)
     plant = Plant(world, pool)
@@ -194,7 +194,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     from nexus_pipelines.connectors.core import store
     from nexus_pipelines.connectors.core.tick import poll
     from nexus_pipelines.connectors.registry import REGISTRY
-    from tests.connectors.support import executor
+    from nexus_pipelines.local.worlds.plant import executor
 
     dsn, pool = _database(admin, f"bench_polling_{provider}")
     world, operation_of = PROVIDERS[provider](args.issues)
@@ -268,9 +268,9 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
 
 def _offset_world(provider: str):
     """The provider's simulator paging the issue listing by offset."""
-    from tests.connectors.github.harness import GitHubWorld
-    from tests.connectors.gitlab.harness import GitLabWorld
-    from tests.connectors.jira.harness import JiraWorld
+    from nexus_pipelines.local.worlds.github import GitHubWorld
+    from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+    from nexus_pipelines.local.worlds.jira import JiraWorld
 
     if provider == "gitlab":
         return GitLabWorld(keyset_for_issues=False)
@@ -284,8 +284,7 @@ def _offset_world(provider: str):
 def _list_calls_over_three_scans(provider: str, change: str | None) -> int:
     from datetime import timedelta
 
-    from tests.connectors.conformance.suite import scan
-    from tests.connectors.shifts import PAGE, fetch, tie_run_then_tail
+    from nexus_pipelines.local.worlds.scans import PAGE, fetch, scan, tie_run_then_tail
 
     world = _offset_world(provider)
     run, _ = tie_run_then_tail(world)
@@ -296,10 +295,10 @@ def _list_calls_over_three_scans(provider: str, change: str | None) -> int:
         world.update_issue(run[10], title="edited while the run was walked")
     elif change == "appear":  # an issue stamped before the run is listed now: the rest shift on
         world.add_issue_at(world.state.clock.now() - timedelta(days=1), title="listed late")
-    _, tokens = scan(world, adapter, page_size=PAGE, cursor=first.next_cursor)  # the run is longer than a page
+    _, tokens = scan(adapter, page_size=PAGE, cursor=first.next_cursor)  # the run is longer than a page
     for _ in range(2):  # the scan after it (the re-read) and one more (which must not re-read)
         world.advance(120)
-        _, tokens = scan(world, adapter, page_size=PAGE, cursor=tokens[-1])
+        _, tokens = scan(adapter, page_size=PAGE, cursor=tokens[-1])
     return sum(1 for operation, _ in world.requests() if operation == "list")
 
 

@@ -92,7 +92,7 @@ def main() -> int:
     from nexus_pipelines.settings import PROJECT_ROOT
     from nexus_pipelines.writeback.config import parse_config
     from nexus_pipelines.writeback.contract import JobContext
-    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source
+    from nexus_pipelines.local.month_end_arr_source import seed_source
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import Runner
 

@@ -35,6 +35,13 @@ def route_versions() -> dict[str, int]:
     return ticket_routes()
 
 
+def ticket_counts(conn) -> dict:
+    """Ticket counts by registration id, for `connectors status` (connectors never import tickets)."""
+    from nexus_pipelines.tickets.queries import counts_by_registration
+
+    return counts_by_registration(conn)
+
+
 def known_generations(conn) -> list[tuple[str, int]]:
     """(registration id, revision) of every registered connector revision: the generations
     the operator commands of the queue may name."""

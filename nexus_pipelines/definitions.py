@@ -18,6 +18,9 @@ from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.settings import load_settings
 from nexus_pipelines import bindings
 from nexus_pipelines.connectors.definitions import build_connector_defs
+from nexus_pipelines.connectors.registry import load_registrations
+from nexus_pipelines.tickets.assets import TicketObserver
+from nexus_pipelines.tickets.definitions import build_ticket_defs
 from nexus_pipelines.workqueue.definitions import build_workqueue_defs
 from nexus_pipelines.writeback import definitions as writeback
 
@@ -29,6 +32,7 @@ def build_resources() -> dict:
         "bigquery": BigQueryClientResource(
             project=settings.bq_project, location=settings.bq_location, emulator_url=settings.bq_emulator_url
         ),
+        "ticket_observer": TicketObserver(),
     }
 
 
@@ -37,4 +41,5 @@ defs = Definitions.merge(
     build_workqueue_defs(bindings.build_handler_registry, bindings.build_route_table, bindings.QUEUE_CLASSES),
     writeback.defs,
     build_connector_defs(),
+    build_ticket_defs(load_registrations()),
 )

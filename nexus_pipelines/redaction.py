@@ -1,47 +1,58 @@
 """The one redaction rule: what may never leave a process in a log line, an exception, a
 ledger column, a work-item summary or run metadata.
 
-`redact` removes, in this order: every secret value this process resolved from a
-reference (`register_secret`, called by `credentials.resolve`), credentials inside URLs,
-Authorization headers and bearer/basic/token values, `key=value` / `"key": "value"`
-pairs whose key names a secret, JWTs, long opaque strings that may be keys, and email
-addresses (customer data in provider messages). `one_line` also folds whitespace, writes
-control characters as escapes (a NUL cannot be stored in Postgres text) and bounds the
-length, which is what every summary, error message and ledger column wants.
+Redaction is by value. The project resolves every credential itself (`credentials.resolve`,
+the NexusCRM client credentials and access tokens, GitHub App JWTs and installation tokens,
+the Jira Basic pair), and each resolved value is registered here with its base64 and
+URL-encoded forms; `redact` replaces those exact strings wherever they appear. Behind them
+stand the documented token shapes, for a credential the process never resolved (pasted into
+a provider message, echoed by a proxy): GitHub `ghp_`/`gho_`/`ghu_`/`ghs_`/`ghr_`/
+`github_pat_`, GitLab `glpat-` and its siblings, Atlassian `ATATT3`, JWTs, PEM private key
+blocks, credentials inside URLs, Authorization-style headers with Bearer/Basic values, and
+`key=value` pairs whose key names a secret; emails (customer data) become `[email]`.
+Nothing else is touched: run ids, batch ids, UUIDs, paths and registration keys stay
+readable. `looks_like_secret`, the check on literal config values, uses the same shapes.
+
+`one_line` also folds whitespace, writes control characters as escapes (a NUL cannot be
+stored in Postgres text) and bounds the length, which is what every summary, error message
+and ledger column wants.
 """
 
 from __future__ import annotations
 
-import math
+import base64
 import re
 import threading
+from urllib.parse import quote, quote_plus
 
 REDACTED = "[redacted]"
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+# Each shape marks the secret part as the group `secret`; the text around it stays.
+_SECRET_SHAPES: tuple[re.Pattern[str], ...] = (
+    # documented provider token prefixes
+    re.compile(r"\b(?P<secret>(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9._-]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
+    re.compile(r"\b(?P<secret>gl(?:pat|dt|rt|ptt|cbt|oas|soat|ft|imt|agent)-[A-Za-z0-9_.-]{20,})"),
+    re.compile(r"\b(?P<secret>ATATT3[A-Za-z0-9_=-]{20,})"),
+    # JWTs: base64url header `{"...`, payload, signature
+    re.compile(r"\b(?P<secret>eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*)"),
+    # PEM private key blocks (to the end of the text when the END line was cut off)
+    re.compile(r"(?P<secret>-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(?:-----END [A-Z ]*PRIVATE KEY-----|$))", re.S),
     # credentials inside URLs: scheme://user:secret@host
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1[redacted]@"),
-    # Authorization / PRIVATE-TOKEN style headers, then bearer/basic/token values anywhere
-    (re.compile(r"(?i)\b((?:proxy-)?authorization\s*[:=]\s*)(\S+\s+)?\S+"), r"\1[redacted]"),
-    (re.compile(r"(?i)\b(private-token\s*[:=]\s*)\S+"), r"\1[redacted]"),
-    (re.compile(r"(?i)\b(bearer|basic)\s+[^\s\"',;]+"), r"\1 [redacted]"),
-    (re.compile(r"(?i)\b(token)\s+[A-Za-z0-9._~+/=-]{8,}"), r"\1 [redacted]"),
-    # key=value / key: value pairs whose key looks secret (quoted with " or ', as in a dict repr)
-    (
-        re.compile(
-            r"(?i)\b([a-z0-9_-]*(?:password|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|"
-            r"private[_-]?key|client[_-]?secret|session|cookie|signature|credential)[a-z0-9_-]*)"
-            r"([\"']?\s*[:=]\s*[\"']?)([^\s\"',;&}]+)"
-        ),
-        r"\1\2[redacted]",
+    re.compile(r"(?i)\b[a-z][a-z0-9+.-]*://(?P<secret>[^/\s:@]+:[^/\s@]+)@"),
+    # Authorization-style headers, also as a quoted dict entry: the whole value
+    re.compile(r"(?i)\b(?:proxy-)?(?:authorization|private-token|x-api-key)[\"']?\s*[:=]\s*[\"']?"
+               r"(?P<secret>(?:(?:bearer|basic|token)\s+)?[^\s\"',;]+)"),
+    # Bearer and Basic credentials anywhere; a Basic credential is base64 with a digit or padding,
+    # which tells it from prose such as "Basic authentication"
+    re.compile(r"(?i)\bbearer\s+(?P<secret>[^\s\"',;]+)"),
+    re.compile(r"(?i)\bbasic\s+(?P<secret>(?=[^\s\"',;]*[0-9+/=])[A-Za-z0-9+/=]{8,})"),
+    # key=value / "key": "value" pairs whose key ends in a secret's name
+    re.compile(
+        r"(?i)\b[a-z0-9_-]*(?:password|passwd|secret|token|api[_-]?key|apikey|access[_-]?key|private[_-]?key|"
+        r"cookie|signature)[\"']?\s*[:=]\s*[\"']?(?P<secret>[^\s\"',;&}]+)"
     ),
-    # PEM blocks (private keys pasted into a message)
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)", re.S), REDACTED),
-    # JWTs and long opaque strings (hex, base64) that may be keys
-    (re.compile(r"\beyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"), REDACTED),
-    (re.compile(r"\b[A-Za-z0-9+/_-]{32,}={0,2}"), REDACTED),
-    (re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+"), "[email]"),
 )
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 
 _known: set[str] = set()
 _known_lock = threading.Lock()
@@ -50,11 +61,35 @@ _known_lock = threading.Lock()
 MIN_REGISTERED_SECRET = 8
 
 
+def encoded_forms(value: str) -> set[str]:
+    """`value` as it may appear in text that left the process: itself, base64 (standard and
+    URL-safe, with and without padding) and URL-encoded (path and form style)."""
+    raw = value.encode()
+    forms = {value, quote(value, safe=""), quote_plus(value)}
+    for encoded in (base64.b64encode(raw).decode(), base64.urlsafe_b64encode(raw).decode()):
+        forms |= {encoded, encoded.rstrip("=")}
+    return {form for form in forms if len(form) >= MIN_REGISTERED_SECRET}
+
+
 def register_secret(value: str) -> None:
-    """Remember a resolved secret value so that `redact` removes it wherever it appears."""
+    """Remember a resolved secret value (and its encoded forms) so that `redact` removes it
+    wherever it appears."""
     if len(value) >= MIN_REGISTERED_SECRET:
         with _known_lock:
-            _known.add(value)
+            _known.update(encoded_forms(value))
+
+
+def basic_credentials(user: str, secret: str) -> str:
+    """The base64 `user:secret` of an HTTP Basic header, registered as a secret itself."""
+    pair = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    register_secret(pair)
+    return pair
+
+
+def _scrub(match: re.Match[str]) -> str:
+    start, end = match.span("secret")
+    whole = match.group(0)
+    return whole[: start - match.start()] + REDACTED + whole[end - match.start():]
 
 
 def redact(text: str) -> str:
@@ -63,39 +98,15 @@ def redact(text: str) -> str:
     for value in known:
         if value in text:
             text = text.replace(value, REDACTED)
-    for pattern, replacement in _PATTERNS:
-        text = pattern.sub(replacement, text)
-    return text
-
-
-_TOKEN_PREFIXES = re.compile(
-    r"^(glpat-|gldt-|glrt-|glptt-|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|xox[abpr]-|sk_live_|AKIA[0-9A-Z]{12})"
-)
-_OPAQUE = re.compile(r"^[A-Za-z0-9+/=_-]{24,}$")
-# A random (version 4) UUID is how some providers name a container (a Jira site's cloud id):
-# an identifier, not a credential.
-_UUID4 = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+    for shape in _SECRET_SHAPES:
+        text = shape.sub(_scrub, text)
+    return _EMAIL.sub("[email]", text)
 
 
 def looks_like_secret(value: str) -> bool:
-    """True for a literal that is probably a credential: a known token prefix, a JWT, a PEM
-    block, a URL with a password, or a long high-entropy opaque string (configs must hold
-    references instead)."""
-    value = value.strip()
-    if _TOKEN_PREFIXES.match(value) or "PRIVATE KEY-----" in value or value.startswith("eyJ"):
-        return True
-    if re.search(r"://[^/\s:@]+:[^/\s@]+@", value):
-        return True
-    if _UUID4.match(value):
-        return False
-    if _OPAQUE.match(value) and re.search(r"\d", value) and re.search(r"[A-Za-z]", value):
-        return _entropy_bits(value) >= 3.5
-    return False
-
-
-def _entropy_bits(value: str) -> float:
-    counts = {c: value.count(c) for c in set(value)}
-    return -sum(n / len(value) * math.log2(n / len(value)) for n in counts.values())
+    """True for a literal that holds a credential by the same shapes `redact` removes (configs
+    must hold references instead); identifiers, keys and paths are not secrets."""
+    return any(shape.search(value) for shape in _SECRET_SHAPES)
 
 
 def contains_registered_secret(text: str) -> bool:

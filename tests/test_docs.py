@@ -12,7 +12,8 @@ import pytest
 from nexus_pipelines.cli import main
 from nexus_pipelines.settings import PROJECT_ROOT
 
-DOCS = ("README.md", "docs/connectors/authoring.md")
+DOCS = ("README.md", "docs/connectors/authoring.md", "docs/design/writeback-run.md", "docs/design/work-queue.md",
+        "docs/design/connector-contract.md", "docs/design/triage-authority.md")
 _SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^[\w.-]+(/[\w.<>-]+)+/?$")
 _PLACEHOLDER = re.compile(r"acme|<|\.\.\.|NNNN")

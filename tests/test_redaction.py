@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import base64
+from urllib.parse import quote, quote_plus
+
 import pytest
 
 from nexus_pipelines.credentials import SecretReferenceError, check_reference, resolve
-from nexus_pipelines.redaction import describe_exception, one_line, redact
-from tests.tokens import gitlab_token, pem_block
+from nexus_pipelines.redaction import basic_credentials, describe_exception, looks_like_secret, one_line, redact
+from nexus_pipelines.local.worlds.tokens import atlassian_token, github_token, gitlab_token, pem_block
 
 
 @pytest.mark.parametrize(
@@ -21,7 +24,11 @@ from tests.tokens import gitlab_token, pem_block
         ('{"client_secret": "s3cr3t"}', "s3cr3t"),
         ("failed for jane.doe+x@example.com", "jane.doe"),
         (pem_block("RSA PRIVATE KEY", "MIIEow"), "MIIEow"),
-        ("opaque 0123456789abcdef0123456789abcdef01 in text", "0123456789abcdef0123456789abcdef01"),
+        (f"echoed {github_token('ghs_')} back", github_token("ghs_")),
+        (f"a pasted {github_token('github_pat_')} token", github_token("github_pat_")),
+        (f"jira said {atlassian_token()}", atlassian_token()),
+        ("{'Authorization': 'token abcdefgh12'}", "abcdefgh12"),
+        ("retry with Basic dXNlcjpzZWNyZXQxMjM= later", "dXNlcjpzZWNyZXQxMjM="),
     ],
 )
 def test_redact_removes_every_secret_shape(text, secret):
@@ -67,9 +74,46 @@ def test_unresolvable_references_name_the_reference(tmp_path, monkeypatch):
     assert resolve(f"file:{tmp_path}/key").get_secret_value() == "a-long-enough-secret"
 
 
-def test_a_random_uuid_names_a_container_but_an_opaque_token_is_still_a_secret():
-    from nexus_pipelines.redaction import looks_like_secret
+@pytest.mark.parametrize(
+    "text",
+    [
+        "writeback run_id=8f14e45f-ceea-467f-a0e6-0123456789ab batch_id=3a7bd3e2360a3d29eea436fcfb7e44c735d117c4",
+        "Error: /work/nexus/configs/jobs/month_end_arr_reconciliation_quarterly.yaml: invalid job config",
+        "registration gh-rl-secondary-403-retry-after@sha256:9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d",
+        "GitHubCredentialsRefused: installation 7 of GitHub App 3 was refused (HTTP 404)",
+        "Basic authentication failed for the integration user; the access token expired",
+    ],
+)
+def test_identifiers_paths_keys_and_prose_stay_readable(text):
+    assert redact(text) == text
+    assert not looks_like_secret(text)
 
+
+def test_a_composition_failure_keeps_its_first_word():
+    from nexus_pipelines.connectors.github.adapter import GitHubCredentialsRefused
+
+    exc = GitHubCredentialsRefused("installation 7 of GitHub App 3 was refused")
+    assert describe_exception(exc) == "GitHubCredentialsRefused: installation 7 of GitHub App 3 was refused"
+
+
+def test_a_resolved_secret_is_redacted_in_its_base64_and_url_encoded_forms(monkeypatch):
+    secret = "Zq7/canary+value=with&odd chars"
+    monkeypatch.setenv("NEXUS_TEST_ENCODED_CANARY", secret)
+    resolve("env:NEXUS_TEST_ENCODED_CANARY")
+    for form in (base64.b64encode(secret.encode()).decode(), base64.urlsafe_b64encode(secret.encode()).decode(),
+                 quote(secret, safe=""), quote_plus(secret)):
+        assert redact(f"sent {form} upstream") == "sent [redacted] upstream", form
+
+
+def test_a_composed_basic_pair_is_redacted_though_neither_half_is_printed():
+    pair = basic_credentials("bot@example.com", "jira-api-token-Zq7w")
+    assert base64.b64decode(pair) == b"bot@example.com:jira-api-token-Zq7w"
+    assert redact(f"echo {pair}") == "echo [redacted]"
+
+
+def test_literal_secrets_in_configs_are_the_shapes_redaction_removes():
+    for secret in (gitlab_token("abcdefghij0123456789"), github_token("ghp_"), atlassian_token(),
+                   "eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiIxIn0.c2lnbmF0dXJl", pem_block("PRIVATE KEY", "MIIEv"),
+                   "https://bot:hunter2pass@gitlab.example.com"):
+        assert looks_like_secret(secret) and redact(secret) != secret, secret[:8]
     assert not looks_like_secret("1a11d016-8984-4c3e-b9ab-142dd06acb1b")  # a Jira site's cloud id
-    assert looks_like_secret("ATATT3xFfGF0a81bQ9zK2mW7pLq4Rt6Yv8Nc1Dd3Ee5Gg7Hh9Jj0Kk2")
-    assert looks_like_secret("1a11d016-8984-4c3e-b9ab-142dd06acb1b-but-longer9x")  # not a UUID at all

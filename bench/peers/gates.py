@@ -1,4 +1,5 @@
-"""Timing of the work queue's rollback fence and re-cutover (gates 4 and 5) on N pending items.
+"""Timing of the work queue's rollback fence and re-cutover (docs/design/work-queue.md) on N
+pending items.
 
 Each scenario builds its generation through the public API (not timed), then times the
 gate calls an operator's `queue rollback` / `queue recutover` make, and verifies the

@@ -9,28 +9,31 @@ import click
 from nexus_pipelines.cli_common import UserError, control_connection, operator
 
 
-def _registrations():
+def _registrations(*, at_least_one: bool = False):
     from nexus_pipelines.connectors.core.registration import RegistrationError
-    from nexus_pipelines.connectors.registry import load_registrations
+    from nexus_pipelines.connectors.registry import load_registrations, registrations_dir, why_empty
 
     try:
-        return load_registrations()
+        found = load_registrations()
     except RegistrationError as exc:
         raise UserError(str(exc)) from None
+    if at_least_one and not found:
+        raise UserError(why_empty(registrations_dir()))
+    return found
 
 
 def _select(keys: tuple[str, ...], *, everything: bool = False):
-    found = _registrations()
+    from nexus_pipelines.connectors.registry import registrations_dir
+
+    found = _registrations(at_least_one=everything or not keys)
     if everything or not keys:
-        if not found:
-            raise UserError("no registrations in configs/connectors/; add one (see the README)")
         return list(found.values())
     chosen = []
     for key in keys:
         matches = [r for rid, r in found.items() if key in (rid, r.key)]
         if len(matches) != 1:
             known = ", ".join(sorted(found)) or "none"
-            raise UserError(f"no single registration named {key!r} in configs/connectors/ (known: {known})")
+            raise UserError(f"no single registration named {key!r} in {registrations_dir()} (known: {known})")
         chosen.append(matches[0])
     return chosen
 
@@ -45,7 +48,7 @@ def list_cmd() -> None:
     """The registration files, their revision and the permission each needs."""
     from nexus_pipelines.connectors.registry import REGISTRY
 
-    for registration in _registrations().values():
+    for registration in _registrations(at_least_one=True).values():
         click.echo(f"{registration.registration_id}\t{registration.kind}\t{registration.revision_id}\t"
                    f"project={registration.project}\tpoll every {registration.poll_interval_seconds}s\t"
                    f"needs: {REGISTRY[registration.kind].permissions}")
@@ -56,13 +59,13 @@ def list_cmd() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines.")
 def status_cmd(keys: tuple[str, ...], as_json: bool) -> None:
     """Revisions with their cursor, schedule, failures and ticket counts."""
+    from nexus_pipelines.bindings import ticket_counts
     from nexus_pipelines.connectors.core import store
-    from nexus_pipelines.tickets.queries import counts_by_registration
 
     ids = [r.registration_id for r in _select(keys)] if keys else None
     with control_connection() as conn:
         views = store.progress(conn, ids)
-        counts = counts_by_registration(conn)
+        counts = ticket_counts(conn)
     if not views:
         click.echo("no registration revision is registered yet: run `nexus-pipelines connectors activate`")
     for view in views:
@@ -85,11 +88,10 @@ def status_cmd(keys: tuple[str, ...], as_json: bool) -> None:
 @click.option("--all", "everything", is_flag=True, help="Every registration in configs/connectors/.")
 def activate_cmd(keys: tuple[str, ...], everything: bool) -> None:
     """Make each registration file's current revision the polling one (the old revision drains first)."""
-    from nexus_pipelines.bindings import build_handler_registry, build_route_table
+    from nexus_pipelines.bindings import build_handler_registry, build_route_table, route_versions
     from nexus_pipelines.connectors.core.activation import ActivationRefused, activate
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.control.db import make_pool
-    from nexus_pipelines.tickets.handlers import route_versions
     from nexus_pipelines.workqueue.generations import GenerationGateError
     from nexus_pipelines.workqueue.receipts import route_receipts
     from nexus_pipelines.workqueue.worker import drain

@@ -1,4 +1,5 @@
-"""Dagster jobs of the connectors: the poll run and the tickets observation."""
+"""The connectors' Dagster job: the poll run. What it reports about tickets comes from its
+`ticket_observer` resource (bound by the code location), so connectors never import tickets."""
 
 import os
 import socket
@@ -7,15 +8,12 @@ import uuid
 from dagster import Config, Failure, MetadataValue, OpExecutionContext, Out, job, op
 from pydantic import Field
 
-from nexus_pipelines.connectors.assets import tickets_observation
 from nexus_pipelines.connectors.core.compose import CachedComposer
 from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import TickReport, poll
 from nexus_pipelines.connectors.registry import REGISTRY
-from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.http import CallCounter
-from nexus_pipelines.tickets.queries import counts_by_registration, linked_refs
 
 POLL_TAG = "nexus/connector-poll"
 
@@ -36,27 +34,24 @@ def _tick_line(tick: TickReport) -> str:
     return f"{tick.revision_id}: {tick.outcome} {tick.failure} (next poll in {tick.retry_in_s}s)"
 
 
-@op(out=Out(dict), description="Poll due connector registrations, one bounded page per fenced tick.")
-def connectors_poll_op(context: OpExecutionContext, config: PollConfig, control_plane: ControlPlaneResource) -> dict:
+@op(out=Out(dict), required_resource_keys={"control_plane", "ticket_observer"},
+    description="Poll due connector registrations, one bounded page per fenced tick.")
+def connectors_poll_op(context: OpExecutionContext, config: PollConfig) -> dict:
     counter = CallCounter()
     composer = CachedComposer(REGISTRY, ComposeContext(counter=counter))
     owner = f"dagster:{context.run_id[:8]}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     try:
-        with control_plane.connection() as conn:
+        with context.resources.control_plane.connection() as conn:
             report = poll(conn, REGISTRY, composer, owner=owner, executor=RetryExecutor(),
                           registration_ids=config.registrations, max_ticks=config.max_ticks,
                           time_budget_s=config.time_budget_s, on_tick=lambda t: context.log.info(_tick_line(t)))
-            counts = counts_by_registration(conn)
-            linked = linked_refs(conn, [(t.registration_id, ref) for t in report.ticks for ref in t.admitted_refs])
+            new_tickets, observations = context.resources.ticket_observer.after_poll(conn, report.ticks)
     finally:
         composer.close()
-    new_tickets = sum(1 for t in report.ticks for ref in t.admitted_refs if (t.registration_id, ref) not in linked)
     totals = {**report.totals, "new_tickets": new_tickets, "ticket_updates": report.totals["admitted"] - new_tickets,
               "api_calls": counter.total()}
-    touched = sorted({t.registration_id for t in report.ticks})
-    for rid in touched:
-        last = [t for t in report.ticks if t.registration_id == rid][-1]
-        context.log_event(tickets_observation(rid, counts.get(rid), last_poll_cursor=last.cursor or "(none)"))
+    for observation in observations:
+        context.log_event(observation)
     cursors = {t.registration_id: t.cursor for t in report.ticks if t.cursor}
     metadata = {**{k: MetadataValue.int(v) for k, v in totals.items()}, "stopped": MetadataValue.text(report.stopped),
                 "cursor_position": MetadataValue.json(cursors)}
@@ -72,16 +67,3 @@ def connectors_poll_op(context: OpExecutionContext, config: PollConfig, control_
 @job(name="connectors_poll", tags={POLL_TAG: "poll"}, description="Poll connector registrations for issues.")
 def connectors_poll_job():
     connectors_poll_op()
-
-
-@op(description="Observe ticket counts of every connector registration.")
-def tickets_observe_op(context: OpExecutionContext, control_plane: ControlPlaneResource) -> None:
-    with control_plane.connection() as conn:
-        counts = counts_by_registration(conn)
-    for rid, value in sorted(counts.items()):
-        context.log_event(tickets_observation(rid, value))
-
-
-@job(name="tickets_observe", description="Record ticket counts per registration as asset observations.")
-def tickets_observe_job():
-    tickets_observe_op()

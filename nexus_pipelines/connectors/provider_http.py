@@ -5,7 +5,8 @@ pydantic error).
 
 Not core: providers choose their own status tables; these are the provider-neutral parts
 of them. A `Problem` says whether a write may have been applied, which decides whether
-a close must reconcile by marker before it may answer anything retryable (CX-08/CX-09).
+a close must reconcile by marker before it may answer anything retryable (docs/design/connector-contract.md,
+"Marker reconciliation").
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ class MarkerLookup:
 def after_comment_write(problem: Problem,
                         find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | AmbiguousWrite | None]:
     """The comment write failed with `problem`: (the comment id found by its marker, None) or
-    (None, the failure to return). Only a write that may have landed is looked up (CX-09)."""
+    (None, the failure to return). Only a write that may have landed is looked up (marker reconciliation)."""
     if not problem.maybe_written:
         return None, close_failure(problem)
     lookup = find_marker()

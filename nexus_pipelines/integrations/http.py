@@ -4,7 +4,7 @@
 followed, an egress guard (a request to any origin but the configured ones is refused
 before it leaves the process) and call counting per endpoint and outcome. Transports
 are injectable, so tests run the project's simulators in process. Nothing here
-retries: retry policy belongs to the caller (the CRM client's section 11 loop, the
+retries: retry policy belongs to the caller (the CRM client's retry loop, the
 connector core's executor).
 """
 

@@ -1,7 +1,7 @@
 """Transport-only client for NexusCRM, a Salesforce-compatible REST API (v63).
 
 It knows OAuth (`nexuscrm_auth.ClientCredentialsAuth`), describe, sObject Collections
-upsert and the retry policy of seed 004 section 11, on the shared HTTP core
+upsert and the retry policy of docs/design/writeback-run.md, on the shared HTTP core
 (`integrations.http`: egress limited to the configured origin, redirects never
 followed, calls counted). It knows no object's fields or business rules: callers pass
 the object, its field contract and ready-made records.
@@ -434,7 +434,7 @@ class NexusCrmClient:
     # -- retry core -------------------------------------------------------------------
 
     def _retrying(self, endpoint: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, int]:
-        """Section 11: retry timeouts, connection failures, 408, 429 and 5xx with capped
+        """The in-call retry policy: retry timeouts, connection failures, 408, 429 and 5xx with capped
         full-jitter backoff (a Retry-After wins); return the first other response and the
         attempts made. Raises _Exhausted when the attempts run out, _Halted when the CRM
         refused in a way no retry in this run can fix."""
@@ -508,7 +508,7 @@ class NexusCrmClient:
             raise NexusCrmResponseError(f"NexusCRM describe {object_name} response is malformed ({problem})") from None
 
     def preflight(self, object_name: str, contract: Iterable[FieldContract]) -> ObjectDescribe:
-        """Verify the write contract before any write (seed 004 section 9): the object, the
+        """Verify the write contract before any write (the preflight of docs/design/writeback-run.md): the object, the
         external ID field, and every owned field present, createable, updateable and as
         declared (type, length, precision/scale, nillability). Raises PreflightError listing
         every problem."""

@@ -7,7 +7,7 @@ worked, during 503 or connection retries) is refreshed again. Only two 401s in a
 with no accepted call between them (a fresh token rejected too) are an authentication
 failure; any other answer, or a request that got no answer at all (it may have been
 applied), ends the row. Retries of transient failures are the caller's (the CRM
-client's section 11 loop): a token request that fails transiently raises
+client's retry loop): a token request that fails transiently raises
 `TokenUnavailable`.
 
 Never logged or put in an exception: the client id and secret, tokens, the OAuth
@@ -22,6 +22,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from nexus_pipelines.integrations.http import ENDPOINT, parse_retry_after
+from nexus_pipelines.redaction import register_secret
 
 REQUEST_LIMIT_EXCEEDED = "REQUEST_LIMIT_EXCEEDED"
 _TRANSIENT_STATUSES = frozenset({408, 429})
@@ -161,6 +162,7 @@ class ClientCredentialsAuth(httpx.Auth):
                 "check the client id/secret and the Connected App"
             )
         token = parse_token(response.content)
+        register_secret(token.access_token.get_secret_value())
         self._check_token(token)
         self._token = token
 

@@ -64,11 +64,12 @@ def _run_jobs(instance: DagsterInstance, dsn: str, registration_id: str) -> dict
     from nexus_pipelines.connectors.jobs import connectors_poll_job
     from nexus_pipelines.control.db import connect
     from nexus_pipelines.control.resources import ControlPlaneResource
+    from nexus_pipelines.tickets.assets import TicketObserver
     from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 
     with connect(dsn) as conn:
         store.request_poll(conn, [registration_id])  # poll now, whatever the schedule says
-    resources = {"control_plane": ControlPlaneResource(dsn=dsn)}
+    resources = {"control_plane": ControlPlaneResource(dsn=dsn), "ticket_observer": TicketObserver()}
     quiet = {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}  # the summary reports each run
     poll = connectors_poll_job.execute_in_process(
         run_config={**quiet, "ops": {"connectors_poll_op": {"config": {"registrations": [registration_id]}}}},

@@ -195,7 +195,7 @@ def _emulator_client(bq_project: str, emulator_url: str) -> Iterator[bigquery.Cl
 
 def seed_source(bq_project: str, emulator_url: str) -> None:
     """A fresh load of the Month End ARR source rows (the readiness query wants a recent one)."""
-    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import seed_source as seed
+    from nexus_pipelines.local.month_end_arr_source import seed_source as seed
 
     with _emulator_client(bq_project, emulator_url) as client:
         seed(client, SOURCE_DATASET, SOURCE_ROWS, negative_every=REJECT_EVERY, load_run_id=f"local-{int(time.time())}")
@@ -204,7 +204,7 @@ def seed_source(bq_project: str, emulator_url: str) -> None:
 def mark_source_fresh(bq_project: str, emulator_url: str) -> None:
     """Another load of the (unchanged) source rows has just finished: the readiness query
     reads that load, so the local job config's freshness check passes for its window again."""
-    from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
+    from nexus_pipelines.local.month_end_arr_source import mark_load
 
     with _emulator_client(bq_project, emulator_url) as client:
         mark_load(client, SOURCE_DATASET, load_run_id=f"local-{int(time.time())}")

@@ -1,4 +1,4 @@
-"""Who may do what to connector tickets: the one rule (CX-13, CX-14).
+"""Who may do what to connector tickets: the one rule (docs/design/triage-authority.md).
 
 Only a project's commander triages its tickets; its commander or an operator of it sets
 their priority. The role is the principal's live membership of the ticket's project,

@@ -1,5 +1,5 @@
-"""Read models of the pages (CX-15): the Board (tickets by lifecycle state with a triage
-filter and each project's counts) and Attention (unresolved findings, oldest first);
+"""Read models of the pages (docs/design/triage-authority.md, "Pages"): the Board (tickets
+by lifecycle state with a triage filter and each project's counts) and Attention (unresolved findings, oldest first);
 Ticket Detail reads `queries.ticket_detail`. They read only the projection and the facts; ages come from the
 database clock. A scope is the projects the reader is a member of.
 """

@@ -121,9 +121,10 @@ def _decide(command, **arguments) -> None:
             result = command(conn, authenticate(conn, credential), **arguments)
         except (AuthenticationFailed, CommandRefused) as exc:
             raise UserError(f"refused: {exc}") from None
-    replayed = " (replayed: recorded before, nothing new written)" if result.replayed else ""
+    note = (" (replayed: recorded before, nothing new written)" if result.replayed else
+            f" (unchanged: already {result.priority}, nothing recorded)" if result.unchanged else "")
     click.echo(f"ticket {result.ticket_id}: {result.triage_state} at {result.priority}, {result.status}, version "
-               f"{result.version}; command {result.client_command_id}{replayed}")
+               f"{result.version}; command {result.client_command_id}{note}")
 
 
 _COMMAND_ID = click.option("--command-id", default=None,

@@ -1,4 +1,4 @@
-"""The two project-scoped ticket commands (seed 002, "Triage commands and projections").
+"""The two project-scoped ticket commands (docs/design/triage-authority.md, "Commands").
 
 * `triage_connector_ticket`: the project's commander records ACCEPTED, DUPLICATE or
   REJECTED, once, from UNTRIAGED. ACCEPTED needs an actor's priority assignment recorded
@@ -6,7 +6,9 @@
   relation to a same-project canonical ticket and cancels; REJECTED cancels. Each
   resolves the ticket's `connector_triage_required` finding.
 * `set_connector_ticket_priority`: the commander or an operator of the project appends a
-  priority assignment (prior and new value, reason) to an open connector ticket.
+  priority assignment (prior and new value, reason) to an open connector ticket. Asking for
+  the priority an actor already set is an `unchanged` reply that writes nothing; confirming
+  the automatic one from intake is a decision and is recorded.
 
 One transaction each: the client command id is serialized by an advisory lock and a
 recorded one replays its result when the arguments are the same (else it is refused);
@@ -42,7 +44,7 @@ class VersionConflict(CommandRefused):
 
 @dataclass(frozen=True)
 class CommandResult:
-    command_seq: int
+    command_seq: int | None  # None when nothing was recorded (`unchanged`)
     client_command_id: str
     ticket_id: int
     version: int
@@ -50,6 +52,7 @@ class CommandResult:
     priority: str
     status: str
     replayed: bool  # True: this client command id was recorded before; nothing was written
+    unchanged: bool = False  # True: the ticket already was what the command asks for; nothing was written
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class _Spec:
     action: str
     check: Callable[[Connection, _Ticket, dict], tuple[str, str, str]]  # -> (triage_state, priority, status)
     write: Callable[[Connection, _Ticket, int, Principal, str, dict], None]
+    unchanged: Callable[[Connection, _Ticket, dict], bool] = lambda conn, ticket, args: False
 
 
 def triage_connector_ticket(conn: Connection, principal: Principal, *, client_command_id: str, ticket_id: int,
@@ -120,6 +124,9 @@ def _run(conn: Connection, principal: Principal, spec: _Spec, client_command_id:
                 raise VersionConflict(f"ticket {ticket_id} is at version {ticket.version}, not {expected_version}: "
                                       "it changed since you read it; reload it and decide again")
             triage_state, priority, status = spec.check(conn, ticket, arguments)
+            if spec.unchanged(conn, ticket, arguments):
+                return CommandResult(None, client_command_id, ticket_id, ticket.version, ticket.triage_state,
+                                     ticket.priority, ticket.status, replayed=False, unchanged=True)
             result = {"ticket_id": ticket_id, "version": ticket.version + 1, "triage_state": triage_state,
                       "priority": priority, "status": status}
             (seq,) = conn.execute(
@@ -181,9 +188,7 @@ def _check_triage(conn: Connection, ticket: _Ticket, args: dict) -> tuple[str, s
     if ticket.status != "open":
         raise CommandRefused(f"ticket {ticket.ticket_id} is {ticket.status}; only an open ticket is triaged")
     disposition = args["disposition"]
-    if disposition == "ACCEPTED" and conn.execute(
-            "SELECT 1 FROM ticket_priority_facts WHERE ticket_id = %s AND command_seq IS NOT NULL LIMIT 1",
-            (ticket.ticket_id,)).fetchone() is None:
+    if disposition == "ACCEPTED" and not _actor_set_priority(conn, ticket):
         raise CommandRefused(f"ticket {ticket.ticket_id} has only the automatic {ticket.priority} from intake; a "
                              "commander or operator sets its priority before it is accepted")
     if disposition == "DUPLICATE":
@@ -229,6 +234,17 @@ def _check_priority(conn: Connection, ticket: _Ticket, args: dict) -> tuple[str,
     return ticket.triage_state, args["priority"], ticket.status
 
 
+def _actor_set_priority(conn: Connection, ticket: _Ticket) -> bool:
+    """Whether an actor's command has assigned the ticket a priority (intake's P2 is no decision)."""
+    return conn.execute("SELECT 1 FROM ticket_priority_facts WHERE ticket_id = %s AND command_seq IS NOT NULL LIMIT 1",
+                        (ticket.ticket_id,)).fetchone() is not None
+
+
+def _same_priority(conn: Connection, ticket: _Ticket, args: dict) -> bool:
+    # The projection's priority is the latest fact's: once an actor has set one, the current value is a decision.
+    return args["priority"] == ticket.priority and _actor_set_priority(conn, ticket)
+
+
 def _write_priority(conn: Connection, ticket: _Ticket, seq: int, principal: Principal, role: str,
                     args: dict) -> None:
     conn.execute(
@@ -239,4 +255,4 @@ def _write_priority(conn: Connection, ticket: _Ticket, seq: int, principal: Prin
 
 
 _TRIAGE = _Spec("triage_connector_ticket", TRIAGE, _check_triage, _write_triage)
-_PRIORITY = _Spec("set_connector_ticket_priority", PRIORITY, _check_priority, _write_priority)
+_PRIORITY = _Spec("set_connector_ticket_priority", PRIORITY, _check_priority, _write_priority, _same_priority)

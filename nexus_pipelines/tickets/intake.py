@@ -1,10 +1,10 @@
 """Applying one observed issue version to tickets: exact custody and replay-safe
-observations (CX-06, CX-07, CX-11).
+observations (docs/design/connector-contract.md, "Custody and observations").
 
 The first observation of an external reference creates exactly one ticket, its custody
 link, the automatic P2 priority fact, the UNTRIAGED triage fact, the unresolved
 commander-owned `connector_triage_required` Attention finding and the observation, in
-one transaction (CX-13). An unchanged replay writes nothing (the observation is unique by
+one transaction. An unchanged replay writes nothing (the observation is unique by
 source digest); a new digest appends one observation and makes one deterministic
 ticket update, unless it is older than a version already observed (then only the
 observation is kept). Provider content is external and untrusted: it can change

@@ -1,10 +1,11 @@
-"""The `record_proof` launchpad job: an operator records an accepted success proof."""
+"""The tickets' Dagster jobs: `record_proof` (an operator records an accepted success proof
+from the launchpad) and `tickets_observe` (ticket counts per registration)."""
 
 from dagster import Config, Failure, OpExecutionContext, job, op
 from pydantic import Field
 
-from nexus_pipelines.connectors.assets import tickets_observation
 from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.tickets.assets import tickets_observation
 from nexus_pipelines.tickets.proofs import ProofRefused, record_proof
 from nexus_pipelines.tickets.queries import counts_by_registration, ticket_detail
 
@@ -35,3 +36,16 @@ def record_proof_op(context: OpExecutionContext, config: RecordProofConfig, cont
 @job(name="record_proof", description="Record an accepted success proof for a connector ticket.")
 def record_proof_job():
     record_proof_op()
+
+
+@op(description="Observe ticket counts of every connector registration.")
+def tickets_observe_op(context: OpExecutionContext, control_plane: ControlPlaneResource) -> None:
+    with control_plane.connection() as conn:
+        counts = counts_by_registration(conn)
+    for rid, value in sorted(counts.items()):
+        context.log_event(tickets_observation(rid, value))
+
+
+@job(name="tickets_observe", description="Record ticket counts per registration as asset observations.")
+def tickets_observe_job():
+    tickets_observe_op()

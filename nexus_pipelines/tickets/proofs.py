@@ -1,8 +1,9 @@
-"""Accepted Project success proofs, and the one close command each creates (CX-10, CX-11).
+"""Accepted Project success proofs, and the one close command each creates
+(docs/design/connector-contract.md, "Close-back").
 
 Only an accepted proof for a connector ticket its project commander ACCEPTED creates a
 close command: source state, labels, comments, ticket text, and duplicate or rejected
-dispositions never do (CX-13). Recording the proof, its
+dispositions never do (docs/design/triage-authority.md). Recording the proof, its
 deterministic close command and that command's `issue.close` work item is one
 transaction; the same client request id replays the same result, and a ticket takes
 one accepted proof.

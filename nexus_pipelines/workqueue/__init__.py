@@ -1,4 +1,4 @@
-"""Durable connector work queue (seed 000).
+"""Durable connector work queue (docs/design/work-queue.md).
 
 Three row families with separate ownership:
 
@@ -18,9 +18,9 @@ A generation is owned by one claim path at a time, enforced by the database: the
 WorkItem path above, or the Event path (`event_path.py`: one scheduler-lease holder
 running the generation's work in delivery order, with its state in
 `event_executions`). `rollback.py` fences a WorkItem generation's pending work and
-hands it to the Event path (gate 4); the Event path's terminal outcomes come with
+hands it to the Event path (the rollback fence); the Event path's terminal outcomes come with
 versioned receipts (`legacy_outcomes.py`) from which fenced items are reconciled, and
-`generations.activate` cuts an Event-owned generation back over (gate 5). Both
+`generations.activate` cuts an Event-owned generation back over (the re-cutover). Both
 executors share `execution.py` and reconnect through `session.py`; `claimants.py`
 registers running drains; every state list is in `states.py`.
 

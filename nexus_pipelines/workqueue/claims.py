@@ -444,7 +444,7 @@ SELECT 1 FROM event_executions x
 
 
 def scheduler_lease_name(registration_id: str, revision: int) -> str:
-    """The generation-wide scheduler lease of the Event path (the seed's ConnectorSchedulerLease)."""
+    """The generation-wide scheduler lease of the Event path (the ConnectorSchedulerLease)."""
     return f"workqueue-scheduler:{registration_id}@{revision}"
 
 

@@ -1,5 +1,6 @@
-"""The Event path: one ordered consumer per generation (the seed's retained
-ConnectorSchedulerLease compatibility surface), as a real second way to run work.
+"""The Event path: one ordered consumer per generation (the retained
+ConnectorSchedulerLease compatibility surface), as a real second way to run work
+(docs/design/work-queue.md, "Generations and activation").
 
 When to use which: the WorkItem path (`worker.drain`) is the default: any number of
 drains on any number of machines claim rows by compare-and-swap, with source and

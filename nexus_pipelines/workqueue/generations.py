@@ -1,5 +1,6 @@
 """Generation gates: activation receipts, quiesce and drain proofs, and the cutover from
-the Event path to the WorkItem path (seed gates 1, 2, 3 and 5).
+the Event path to the WorkItem path (docs/design/work-queue.md, "Quiesce and the drain
+proof" and "Reconciliation and re-cutover").
 
 A generation (registration, revision) is owned by one claim path (`claim_path`):
 its work items are claimable only while it is WorkItem-owned and 'active', its Event
@@ -14,13 +15,13 @@ Claims and Event starts take `FOR KEY SHARE` on the generation row; every gate t
 
 Cutover of an Event-owned generation to WorkItem claims (`activate` with the WorkItem
 path): its Event admission must be stopped (`quiesce`), its scheduler lease gone and no
-execution started (gates 1 and 2); every item a rollback fenced must be reconciled
+execution started (the drain proof); every item a rollback fenced must be reconciled
 from its terminal LegacyOutcomeReceipt, every fence's set must be complete, and no
-outcome may be unknown (gate 5; the projector runs first, repairing a crash between a
+outcome may be unknown (reconciliation; the projector runs first, repairing a crash between a
 receipt and its projection). Then, in the same transaction, the Event path's
 unfinished work becomes work items with the same work ids (new events that have no
 work item row; a reconciled row is never reopened), and only then is the activation
-receipt written (gate 3).
+receipt written.
 
 Ambiguous ownership fails closed: activation is refused while another revision of the
 registration is active, quiescing without a drain proof, or rolling back.

@@ -1,4 +1,5 @@
-"""LegacyOutcomeReceipts and their projection onto rollback-fenced work items (seed gate 4).
+"""LegacyOutcomeReceipts and their projection onto rollback-fenced work items
+(docs/design/work-queue.md, "Reconciliation and re-cutover").
 
 The Event path writes a versioned receipt in the same transaction as an execution's
 terminal outcome (the database refuses the outcome without it). A receipt is

@@ -1,4 +1,5 @@
-"""Rollback of a WorkItem-owned generation to the Event path (seed gate 4).
+"""Rollback of a WorkItem-owned generation to the Event path (docs/design/work-queue.md,
+"Rollback to the Event path").
 
 1. `disable_claims`: the generation goes to 'rolling_back': no claim selects it and no
    reclaim takes its expired leases (a claim or reclaim in flight holds the generation

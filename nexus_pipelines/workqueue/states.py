@@ -16,7 +16,7 @@ RUNNING = "running"
 RETRY = "retry"
 COMPLETED = "completed"
 DEAD = "dead"
-# rollback fencing (seed gates 4 and 5): handed to the Event path, then reconciled from
+# rollback fencing and reconciliation (docs/design/work-queue.md): handed to the Event path, then reconciled from
 # its LegacyOutcomeReceipt; a reconciled row is immutable
 AWAITING_LEGACY_OUTCOME = "awaiting_legacy_outcome"
 RECONCILED_LEGACY_TERMINAL = "reconciled_legacy_terminal"

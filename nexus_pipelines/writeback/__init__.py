@@ -1,4 +1,4 @@
-"""NexusCRM writeback (seed 004): BigQuery rows -> typed mapping -> batched
+"""NexusCRM writeback (docs/design/writeback-run.md): BigQuery rows -> typed mapping -> batched
 external-ID upserts into one NexusCRM custom object, with a Postgres ledger.
 
 Domain modules here import no Dagster; `assets.py`, `checks.py`, `schedules.py`,

@@ -4,7 +4,7 @@
         -> <job>/validated_payloads -> nexuscrm/<TargetObject>
 
 Design: the four materializable assets are one `multi_asset` (one op, one process).
-The seed's run is one critical section: the job lease must be held from before
+A writeback run is one critical section: the job lease must be held from before
 readiness to after the last batch, and the candidate table and the lease must be
 cleaned up whatever happens. In one op that is a plain try/finally in
 `Runner.execute()`: a failed check, an exception or a failed CRM call all end in the
@@ -22,7 +22,7 @@ their history, and per-batch progress in the run log.
 Outputs are optional (`can_subset=True`) so that a run skipped because another holds
 the lease succeeds with its checks shown as skipped, not missing; a selection of only
 some of the assets is refused in one line, since the run is one critical section.
-A run that fails, or ends with record errors (section 11's non-zero exit), fails in
+A run that fails, or ends with record errors (a non-zero exit code), fails in
 Dagster with one line (`Failure`) whose metadata carries `JobResult.exit_code`.
 """
 
@@ -66,7 +66,7 @@ CRM_RESOURCE_KEY = "nexuscrm_writeback"
 
 
 class WritebackRunConfig(Config):
-    """Launchpad options for manual work (seed 004 section 5 replay flags)."""
+    """Launchpad options for manual work (the replay options of docs/design/writeback-run.md)."""
 
     dry_run: bool = Field(default=False, description="Validate and count, write nothing to NexusCRM or the record ledger.")
     external_ids: list[str] = Field(default_factory=list, description="Only these external IDs (one-record or allow-listed canary).")
@@ -188,7 +188,7 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
         raise Failure(description=f"{definition.name} run {run_id} failed: {result.error_message}", metadata=meta,
                       allow_retries=False)
     if result.exit_code != 0:
-        # Section 11's non-zero exit: the CRM object is materialized with its evidence, and
+        # A non-zero exit code: the CRM object is materialized with its evidence, and
         # the run fails so that schedules and run-failure alerts see it. Unchanged permanent
         # failures alone give exit code 0 and are not re-alerted.
         raise Failure(description=policy_summary(definition.name, result), metadata=meta, allow_retries=False)

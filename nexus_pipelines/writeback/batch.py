@@ -1,4 +1,5 @@
-"""One API batch's answer turned into ledger evidence (seed 004 sections 10 and 11).
+"""One API batch's answer turned into ledger evidence (docs/design/writeback-run.md,
+"Reading the CRM's answer" and "Retry and failure policy").
 
 `settle` decides each record's new state and retry time from the CRM's result and the
 record's prior state. Salesforce returns results by position and nothing in a result

@@ -1,5 +1,5 @@
-"""`nexus-pipelines run-job`: the seed's Cloud Run Job command, running the job's asset
-graph in process with the section 11 exit codes (`JobResult.exit_code`: 0 ok, 1 failed,
+"""`nexus-pipelines run-job`: the writeback's Cloud Run Job command, running the job's asset
+graph in process with the exit codes of docs/design/writeback-run.md (`JobResult.exit_code`: 0 ok, 1 failed,
 2 record errors); and `nexus-pipelines writeback runs|records|attempts`, the ledger."""
 
 from __future__ import annotations

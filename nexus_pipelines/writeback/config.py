@@ -1,4 +1,5 @@
-"""Job configuration (seed 004 section 6): a strict model plus safe SQL path resolution.
+"""Job configuration (docs/design/writeback-run.md, "Steps"): a strict model plus safe SQL
+path resolution.
 
 The YAML owns environment, transport, state and execution-policy facts; the
 registered job owns its name and the mapper owns the target object and fields.
@@ -19,11 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nexus_pipelines import yaml_locations
 from nexus_pipelines.integrations.nexuscrm import longest_batch_call_s
 from nexus_pipelines.settings import PROJECT_ROOT
+from nexus_pipelines.yaml_locations import Located
 
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 _IDENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
@@ -205,22 +207,26 @@ def resolve_sql_path(relative: str, base_dir: Path, root: Path = PROJECT_ROOT) -
     return resolved
 
 
-def _validation_message(source: str, exc: ValidationError) -> str:
+def _validation_message(source: str, exc: ValidationError, located: Located | None) -> str:
     problems = []
     for error in exc.errors(include_input=False, include_url=False):
         where = ".".join(str(p) for p in error["loc"]) or "<top level>"
-        message = "unknown key" if error["type"] == "extra_forbidden" else error["msg"]
-        problems.append(f"{where}: {message}")
+        unknown = error["type"] == "extra_forbidden"
+        at = located.where(error["loc"], key=unknown) if located else ""
+        message = "unknown key" if unknown else error["msg"]
+        problems.append(f"{where} ({at}): {message}" if at else f"{where}: {message}")
     return f"{source}: invalid job config: " + "; ".join(problems)
 
 
-def parse_config(data: Any, *, base_dir: Path, root: Path = PROJECT_ROOT, source: str = "config") -> LoadedConfig:
+def parse_config(data: Any, *, base_dir: Path, root: Path = PROJECT_ROOT, source: str = "config",
+                 located: Located | None = None) -> LoadedConfig:
+    """`located` (the file's key and value positions) lets each problem name its line and column."""
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: a job config must be a YAML mapping")
     try:
         config = JobConfig.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_validation_message(source, exc)) from None
+        raise ConfigError(_validation_message(source, exc, located)) from None
     sql_path = resolve_sql_path(config.source.sql_file, base_dir, root)
     readiness = resolve_sql_path(config.source.readiness_sql_file, base_dir, root)
     return LoadedConfig(config, None, sql_path, readiness)
@@ -237,15 +243,15 @@ def load_config(path: str | Path, *, root: Path = PROJECT_ROOT) -> LoadedConfig:
         relative = "" if given.is_absolute() else f" (a relative config path is taken from the project root {root})"
         raise ConfigError(f"cannot read job config {path}{relative}: {exc.strerror}") from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML ({exc.__class__.__name__})") from None
-    loaded = parse_config(data, base_dir=path.parent, root=root, source=str(path))
+        located = yaml_locations.load(text)
+    except yaml_locations.YamlSyntaxError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    loaded = parse_config(located.data, base_dir=path.parent, root=root, source=str(path), located=located)
     return LoadedConfig(loaded.config, path, loaded.sql_path, loaded.readiness_sql_path)
 
 
 def check_target_url(url: str, *, local_mode: bool) -> str:
-    """Section 6: https outside local mode; local mode allows http to loopback only."""
+    """https outside local mode; local mode allows http to loopback only."""
     from urllib.parse import urlsplit
 
     parts = urlsplit(url)

@@ -1,4 +1,5 @@
-"""The minimal job contract of seed 004 section 5 and the run exit policy of section 11."""
+"""The minimal job contract and the run exit policy (docs/design/writeback-run.md, "Job contract and replay options"
+and "Exit codes")."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ class JobContext:
     run_id: str
     started_at: datetime
     dry_run: bool
-    # Operational replay options (section 5); all off for a scheduled run.
+    # Operational replay options; all off for a scheduled run.
     external_ids: tuple[str, ...] = ()
     retry_failed: bool = False
     force: bool = False
@@ -39,7 +40,7 @@ class JobResult:
     succeeded: int
     retryable_failed: int
     permanently_failed: int
-    # Beyond the seed's minimum: what the exit policy and the run metadata need.
+    # Beyond the minimal contract: what the exit policy and the run metadata need.
     new_permanent_failures: int = 0
     blocking_failures: int = 0
     deferred: int = 0  # retryable rows whose next_retry_at lies in the future
@@ -57,7 +58,7 @@ class JobResult:
 
 
 def exit_code(result: JobResult) -> int:
-    """Section 11: 0 for succeeded, dry_run and skipped_already_running; non-zero for
+    """The exit-code rule: 0 for succeeded, dry_run and skipped_already_running; non-zero for
     failures, remaining retryable failures and new or payload-changed permanent ones.
     Unchanged permanent failures (skipped rows) never re-alert."""
     if result.status == "failed":

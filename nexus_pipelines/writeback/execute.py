@@ -1,4 +1,4 @@
-"""Run a writeback job's asset graph in this process (the seed's `run-job` shape), under
+"""Run a writeback job's asset graph in this process (the `run-job` command's shape), under
 the job's own name (`writeback_<job>_job`): used by `nexus-pipelines run-job` and the
 demo. The exit code is the run's `JobResult.exit_code`, carried in the metadata of the
 NexusCRM asset or of the step's failure; it is never recomputed here."""

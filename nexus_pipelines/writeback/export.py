@@ -1,5 +1,5 @@
 """Publish the four ledger tables from Postgres to the BigQuery control dataset, so
-analysts can join them with warehouse data (the seed keeps them in BigQuery; here
+analysts can join them with warehouse data (the writeback's original design keeps them in BigQuery; here
 Postgres is the source of truth and BigQuery holds a refreshed copy)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The canonical payload hash of seed 004 section 8.
+"""The canonical payload hash (docs/design/writeback-run.md, "Mapping and the payload hash").
 
 sha256(UTF8(JSON(sort_keys=true, normalized values))) over the target object, the
 external ID field and value, and the owned payload. Run IDs, job timestamps and

@@ -1,4 +1,4 @@
-"""The writeback ledger in the Postgres control plane (seed 004 section 10).
+"""The writeback ledger in the Postgres control plane (docs/design/writeback-run.md, "Ledger tables and states").
 
 Runs, current record state and append-only attempt evidence. Every API batch is
 persisted in one transaction (attempts appended and record states upserted with

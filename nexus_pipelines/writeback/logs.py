@@ -1,4 +1,4 @@
-"""Structured run logs (seed 004 section 13).
+"""Structured run logs (docs/design/writeback-run.md, "Logs and secrets").
 
 One JSON object per event with `event`, `job_name`, `run_id` and counts, durations
 and error codes. Callers pass only those: never tokens, auth headers, payloads or

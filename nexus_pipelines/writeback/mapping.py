@@ -1,5 +1,5 @@
 """Mapper base types, normalization helpers and the field-ownership contract
-(seed 004 section 8).
+(docs/design/writeback-run.md, "Mapping and the payload hash").
 
 A job's mapper is the single source of truth for the target object, the owned fields
 with their type and limits (`FIELDS`, one `FieldContract` each, the external ID field

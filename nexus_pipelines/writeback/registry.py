@@ -1,4 +1,5 @@
-"""The explicit name-to-job registry (seed 004 section 4): no dynamic imports."""
+"""The explicit name-to-job registry (docs/design/writeback-run.md, "Job contract and replay
+options"): no dynamic imports."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ def rejected_text(result: JobResult) -> str:
 
 
 def policy_summary(job_name: str, result: JobResult) -> str:
-    """Why a run that ended with record errors exits non-zero (seed 004 section 11), its
+    """Why a run that ended with record errors exits non-zero (the exit-code rule of docs/design/writeback-run.md), its
     counts, the first rejected ids and how to list them all."""
     line = (f"{job_name} {result.status} (exit code {result.exit_code}): {result.succeeded} succeeded, "
             f"{result.permanently_failed} permanent ({result.new_permanent_failures} new, "

@@ -1,4 +1,4 @@
-"""The ordered steps of a writeback run (seed 004 section 5), shared by the Dagster
+"""The ordered steps of a writeback run (docs/design/writeback-run.md, "Steps"), shared by the Dagster
 assets and the CLI.
 
 1. configuration (already loaded and validated by the caller);
@@ -121,7 +121,7 @@ Decision = Literal["write", "unchanged", "deferred"]
 
 def decide(record: MappedRecord, prior: RecordState | None, *, now: datetime, force: bool, retry_failed: bool,
            skip_unchanged: bool) -> Decision:
-    """Whether a validated row is sent (section 10 state rules)."""
+    """Whether a validated row is sent (docs/design/writeback-run.md, "Skipping unchanged records")."""
     if retry_failed:
         # Operator replay of retryable failures only; their backoff is overridden.
         return "write" if prior is not None and prior.status == "retryable_failed" else "unchanged"
@@ -258,7 +258,7 @@ class Runner:
 
     def _lease_held(self, context: JobContext, options: dict) -> Iterator[Event]:
         """Another execution holds the job lease: the same run id is refused (its run row
-        is not touched), another run id is skipped (section 10: skipped_already_running)."""
+        is not touched), another run id is skipped (`skipped_already_running`, see "The job lease" there)."""
         holder = self.ledger.lease_holder()
         until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S} UTC" if holder else ""
         if holder is not None and holder.run_id == context.run_id:
@@ -647,7 +647,7 @@ def _search_path(conn: psycopg.Connection) -> str:
 
 
 class WritebackJob:
-    """A registered job bound to its config and services: the seed's `Job` protocol."""
+    """A registered job bound to its config and services: the writeback `Job` protocol."""
 
     def __init__(self, name: str, mapper: Mapper, config: LoadedConfig, *, bq: bigquery.Client,
                  conn: psycopg.Connection, crm_factory: Callable[[LoadedConfig], NexusCrmClient] = default_crm_factory,

@@ -1,4 +1,4 @@
-"""The BigQuery side of a writeback run (seed 004 section 7).
+"""The BigQuery side of a writeback run (docs/design/writeback-run.md, "Steps": readiness and the candidate table).
 
 Readiness (exactly one authoritative row), freshness from
 `_outbound_source_as_of_at`, the run-scoped candidate table (materialized once, 24 h

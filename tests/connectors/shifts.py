@@ -13,26 +13,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from nexus_pipelines.connectors.core.values import FetchIssuePage
-from tests.connectors.conformance.suite import executor, scan
-
-PAGE, RUN, SPACING_S = 100, 250, 60
-
-
-def tie_run_then_tail(world, tail: int = 5) -> tuple[list[str], list[str]]:
-    """A run of `RUN` issues on one update time, then `tail` issues a minute apart."""
-    run = world.add_issues(RUN, same_updated_at=True)
-    refs = []
-    for n in range(tail):
-        world.advance(SPACING_S)
-        refs += world.add_issues(1, title=f"Later {n}")
-    world.advance(SPACING_S)
-    return run, refs
-
-
-def fetch(adapter, cursor):
-    page, _ = executor().fetch(adapter, FetchIssuePage(cursor=cursor, page_size=PAGE))
-    return page
+from nexus_pipelines.local.worlds.scans import PAGE, RUN, SPACING_S, fetch, tie_run_then_tail  # noqa: F401 - bound rows use them
+from tests.connectors.conformance.suite import scan
 
 
 def refs_of(issues) -> set[str]:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
 from tests.connectors.served import serve_gitlab
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("cli-test-0123456789abcdefghij")
 
@@ -53,6 +53,21 @@ def test_activate_poll_drain_list_show_and_prove(tmp_path, control_dsn):
         assert "status=delivered" in shown.output and "comment_ref=note:" in shown.output
     finally:
         stop()
+
+
+def test_list_of_the_default_folder_names_the_subfolders_that_hold_registrations():
+    listed = CliRunner().invoke(main, ["connectors", "list"], env={"NEXUS_CONNECTORS_DIR": None})
+    assert listed.exit_code == 1
+    line = listed.output.strip()
+    assert len(line.splitlines()) == 1 and "configs/connectors" in line
+    assert "examples/, local/ hold registration files" in line and "NEXUS_CONNECTORS_DIR" in line
+
+
+def test_list_of_an_empty_or_missing_folder_says_so_in_one_line(tmp_path):
+    empty = CliRunner().invoke(main, ["connectors", "list"], env={"NEXUS_CONNECTORS_DIR": str(tmp_path)})
+    assert empty.exit_code == 1 and f"no registration files (*.yaml) directly in {tmp_path}; add one" in empty.output
+    missing = CliRunner().invoke(main, ["connectors", "list"], env={"NEXUS_CONNECTORS_DIR": str(tmp_path / "nope")})
+    assert missing.exit_code == 1 and "is not a folder; set NEXUS_CONNECTORS_DIR" in missing.output
 
 
 def test_errors_are_one_line_and_name_what_to_do(tmp_path, control_dsn):

@@ -7,19 +7,19 @@ import pytest
 from dagster import DagsterInstance, SkipReason, build_sensor_context
 
 from nexus_pipelines import bindings
-from nexus_pipelines.connectors.assets import tickets_asset_key
 from nexus_pipelines.connectors.core import activation, store
-from nexus_pipelines.connectors.jobs import POLL_TAG, connectors_poll_job, tickets_observe_job
+from nexus_pipelines.connectors.jobs import POLL_TAG, connectors_poll_job
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.sensors import connectors_poll_sensor, poll_requests
 from nexus_pipelines.control.resources import ControlPlaneResource
+from nexus_pipelines.tickets.assets import TicketObserver, tickets_asset_key
 from nexus_pipelines.tickets.handlers import route_versions
-from nexus_pipelines.tickets.jobs import record_proof_job
+from nexus_pipelines.tickets.jobs import record_proof_job, tickets_observe_job
 from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
-from tests.tickets.support import accept
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.plant import accept
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("dagster-test-0123456789abcdef")
 
@@ -34,7 +34,8 @@ def served(tmp_path, monkeypatch, request):
 
 def run(job, control_dsn, instance, config=None, **kw):
     return job.execute_in_process(run_config=config or {}, instance=instance,
-                                  resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}, **kw)
+                                  resources={"control_plane": ControlPlaneResource(dsn=control_dsn),
+                                             "ticket_observer": TicketObserver()}, **kw)
 
 
 def test_poll_route_drain_and_prove_through_the_dagster_jobs(served, control_dsn, pool):

@@ -14,13 +14,14 @@ from nexus_pipelines.connectors.jobs import connectors_poll_job
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.local.simulators.http import Fault
+from nexus_pipelines.tickets.assets import TicketObserver
 from nexus_pipelines.tickets.handlers import route_versions
 from nexus_pipelines.tickets.proofs import record_proof
 from nexus_pipelines.tickets.queries import list_tickets
 from nexus_pipelines.workqueue.jobs import build_drain_job, build_router_job
 from tests.connectors.served import serve_gitlab
 from tests.connectors.support import all_control_text
-from tests.tickets.support import accept
+from nexus_pipelines.local.worlds.plant import accept
 
 
 def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, control_dsn, pool, caplog):
@@ -29,7 +30,7 @@ def test_the_credential_never_leaves_the_transport(tmp_path, monkeypatch, contro
     served, stop = serve_gitlab(tmp_path, key="canary", token=canary)
     monkeypatch.setenv(served.token_env, canary)
     rid = served.registration.registration_id
-    resources = {"control_plane": ControlPlaneResource(dsn=control_dsn)}
+    resources = {"control_plane": ControlPlaneResource(dsn=control_dsn), "ticket_observer": TicketObserver()}
     instance = DagsterInstance.ephemeral()
     texts = []
     try:

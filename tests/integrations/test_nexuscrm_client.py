@@ -1,5 +1,5 @@
 """Contract tests of the NexusCRM client against the project's NexusCRM simulator
-(seed 004 section 15), in process through SimulatorTransport."""
+(the contract tests of the writeback), in process through SimulatorTransport."""
 
 from __future__ import annotations
 
@@ -172,6 +172,15 @@ def test_token_exchange_then_reuse(client: NexusCrmClient, state: NexusCrmState)
     assert state.calls() == {"token": 1, "describe": 1, "upsert": 1}
     assert client.call_counts() == {"token": 1, "token:status_200": 1, "describe": 1, "describe:status_200": 1,
                                     "upsert": 1, "upsert:status_200": 1}
+
+
+def test_an_issued_access_token_is_redacted_wherever_it_is_echoed(client: NexusCrmClient,
+                                                                  state: NexusCrmState) -> None:
+    from nexus_pipelines.redaction import redact
+
+    client.authenticate()
+    (token,) = state._tokens  # the one access token the simulated org issued to this client
+    assert redact(f"upstream echoed {token} back") == "upstream echoed [redacted] back"
 
 
 def test_rejected_client_secret_is_one_line_auth_error() -> None:

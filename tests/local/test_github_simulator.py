@@ -18,7 +18,7 @@ from nexus_pipelines.local.simulators.github import (
 )
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import SimulatorTransport, serve_in_thread
-from tests.connectors.github.keys import new_key_pair, shared_key_pair
+from nexus_pipelines.local.worlds.github_keys import new_key_pair, shared_key_pair
 
 START = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 HEADERS = {"User-Agent": "simulator-test", "X-GitHub-Api-Version": "2022-11-28"}

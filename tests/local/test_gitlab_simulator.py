@@ -15,7 +15,7 @@ from nexus_pipelines.local.simulators.gitlab import (
     build_gitlab_app,
 )
 from nexus_pipelines.local.simulators.http import SimulatorTransport, serve_in_thread
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("simulator-test-0123456789ab")
 START = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)

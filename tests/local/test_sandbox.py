@@ -27,7 +27,7 @@ from nexus_pipelines.local.sandbox import (
 )
 from nexus_pipelines.writeback.config import load_config
 from nexus_pipelines.writeback.execute import default_resources, run_in_process
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
+from nexus_pipelines.local.month_end_arr_source import mark_load
 from nexus_pipelines.writeback.registry import get_job
 from nexus_pipelines.writeback.source import freshness_problem, run_readiness
 

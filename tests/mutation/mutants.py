@@ -1,4 +1,4 @@
-"""The seed's mutation requirement: remove, one at a time, exact dedup, the proof-eligibility
+"""The mutation check: remove, one at a time, exact dedup, the proof-eligibility
 check, the triage authority and expected-version checks, marker reconciliation and
 fencing, and show that the suite fails for each.
 

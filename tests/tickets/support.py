@@ -1,26 +1,15 @@
-"""Helpers for triage tests: actors with a role on a project, authenticated the way every
-caller is (through the credential they were issued), and one ticket command each."""
+"""Helpers for triage tests: tickets ingested through a plant, and one ticket command each
+by an actor authenticated the way every caller is (`member` in
+nexus_pipelines/local/worlds/plant.py)."""
 
 from __future__ import annotations
 
-import itertools
 import uuid
 
 from psycopg import Connection
 
-from nexus_pipelines.actors.store import Principal, add_actor, authenticate, grant
+from nexus_pipelines.actors.store import Principal
 from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
-
-_names = itertools.count(1)
-
-
-def member(conn: Connection, project_id: str, role: str | None, name: str | None = None) -> tuple[Principal, str]:
-    """A new actor with `role` on the project (no role when None): its principal and credential."""
-    actor_id = name or f"{role or 'nobody'}-{next(_names)}-{uuid.uuid4().hex[:6]}"
-    credential = add_actor(conn, actor_id, display_name=actor_id.title(), created_by="test")
-    if role:
-        grant(conn, actor_id, project_id, role, granted_by="test")
-    return authenticate(conn, credential), credential
 
 
 def ingest(plant, project: str, issues: int, *, key: str | None = None):
@@ -53,11 +42,3 @@ def triage(conn: Connection, principal: Principal, ticket_id: int, disposition: 
     return triage_connector_ticket(conn, principal, client_command_id=command_id or uuid.uuid4().hex,
                                    ticket_id=ticket_id, expected_version=version(conn, ticket_id),
                                    disposition=disposition, canonical_ticket_id=canonical, reason=reason)
-
-
-def accept(conn: Connection, ticket_id: int) -> None:
-    """The ticket's project commander sets its priority and accepts it (what a person does on the page)."""
-    tenant, project = conn.execute("SELECT tenant, project FROM tickets WHERE ticket_id = %s", (ticket_id,)).fetchone()
-    commander, _ = member(conn, f"{tenant}/{project}", "commander")
-    set_priority(conn, commander, ticket_id)
-    triage(conn, commander, ticket_id)

@@ -1,5 +1,5 @@
-"""Migration 0032 gives every open, untriaged ticket that phase 1 created its unresolved
-commander finding, aged from the ticket's creation; finished tickets get none."""
+"""The triage-authority migration (0032) gives every open, untriaged ticket created before it
+its unresolved commander finding, aged from the ticket's creation; finished tickets get none."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ SELECT 'acme', 'old', 'gitlab:1:' || ticket_id, ticket_id, 'gitlab', 'https://gi
 RETURNING ticket_id"""
 
 
-def test_phase1_tickets_get_their_finding_when_0032_is_applied(empty_dsn, tmp_path):
-    phase1 = tmp_path / "phase1"
-    phase1.mkdir()
+def test_tickets_from_before_triage_authority_get_their_finding_when_it_is_migrated(empty_dsn, tmp_path):
+    before = tmp_path / "before_triage_authority"
+    before.mkdir()
     for path in MIGRATIONS_DIR.glob("*.sql"):
         if int(path.name[:4]) <= 31:
-            shutil.copy(path, phase1 / path.name)
-    apply_migrations(empty_dsn, directory=phase1)
+            shutil.copy(path, before / path.name)
+    apply_migrations(empty_dsn, directory=before)
     with connect(empty_dsn) as conn:
         created = {status: conn.execute(_TICKET, {"title": status, "status": status}).fetchone()[0]
                    for status in ("open", "done")}

@@ -9,8 +9,8 @@ import re
 from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.connectors.support import Plant
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
 from tests.tickets.support import ingest
 
 
@@ -38,6 +38,10 @@ def test_actors_add_grant_and_decide_through_the_cli(pool, control_dsn):
     done = cli(decider, *set_p1)
     assert done.exit_code == 0 and f"ticket {first}: UNTRIAGED at P1, open, version 2; command cli-p1" in done.output
     assert "replayed" in cli(decider, *set_p1).output
+    again = cli(decider, "tickets", "priority", str(first), "--priority", "P1", "--reason", "still urgent",
+                "--expected-version", "2")
+    assert again.exit_code == 0 and "version 2;" in again.output and "(unchanged: already P1, nothing recorded)" \
+        in again.output
     stale = cli(decider, "tickets", "triage", str(first), "--disposition", "accepted", "--reason", "ok",
                 "--expected-version", "1")
     assert stale.exit_code == 1 and "is at version 2, not 1" in stale.output

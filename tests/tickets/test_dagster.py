@@ -8,12 +8,13 @@ import time
 
 from dagster import AssetCheckSeverity, AssetSelection, DagsterInstance, Definitions, define_asset_job
 
-from nexus_pipelines.connectors.assets import TRIAGE_AGE_CHECK, tickets_asset_key, tickets_asset_specs, triage_age_check
-from nexus_pipelines.connectors.jobs import tickets_observe_job
+from nexus_pipelines.tickets.assets import TRIAGE_AGE_CHECK, tickets_asset_key, tickets_asset_specs, triage_age_check
+from nexus_pipelines.tickets.jobs import tickets_observe_job
 from nexus_pipelines.control.resources import ControlPlaneResource
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.connectors.support import Plant
-from tests.tickets.support import ingest, member, set_priority, triage
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from nexus_pipelines.local.worlds.plant import member
+from tests.tickets.support import ingest, set_priority, triage
 
 
 def _check_results(control_dsn, rid, max_age_hours):

@@ -7,8 +7,9 @@ from datetime import timedelta
 
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.handlers import PermanentError
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import Plant, counts
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import counts
 
 
 def _claimed_observation(plant, pool, key):
@@ -76,7 +77,7 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
 
 
 def test_an_issue_closed_at_the_source_changes_no_ticket_authority_and_closes_nothing(pool):
-    """CX-11: provider input carries no authority: a source close is an observation only."""
+    """Provider input carries no authority: a source close is an observation only."""
     plant = Plant(GitLabWorld(), pool)
     registration = plant.world.registration(key="closed-at-source")
     plant.activate(registration)

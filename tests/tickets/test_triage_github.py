@@ -1,10 +1,10 @@
-"""Phase 3 triage acceptance on real ingested GitHub items."""
+"""The shared triage acceptance on real ingested GitHub items."""
 
 import itertools
 
 import pytest
 
-from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 from tests.tickets.triage_acceptance import *  # noqa: F403 - the shared triage acceptance runs here for GitHub
 
 

@@ -1,10 +1,10 @@
-"""Phase 3 triage acceptance on real ingested GitLab items."""
+"""The shared triage acceptance on real ingested GitLab items."""
 
 import itertools
 
 import pytest
 
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 from tests.tickets.triage_acceptance import *  # noqa: F403 - the shared triage acceptance runs here for GitLab
 
 

@@ -1,4 +1,4 @@
-"""Phase 3 acceptance (seed 002) on real ingested items: intake through the code location's
+"""Triage acceptance (docs/design/triage-authority.md) on real ingested items: intake through the code location's
 own poll, routing, drain and ticket handlers against a provider world, then triage and
 priority through the two commands with actors authenticated by their credentials.
 
@@ -21,8 +21,10 @@ from nexus_pipelines.tickets.proofs import ProofRefused, record_proof
 from nexus_pipelines.tickets.queries import ticket_detail
 from nexus_pipelines.actors.store import memberships, revoke
 from nexus_pipelines.workqueue.dlq import replay
-from tests.connectors.support import Plant, counts
-from tests.tickets.support import ingest, member, set_priority, triage, version
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import counts
+from nexus_pipelines.local.worlds.plant import member
+from tests.tickets.support import ingest, set_priority, triage, version
 
 
 @pytest.fixture
@@ -136,6 +138,22 @@ def test_acceptance_needs_an_actor_priority_not_the_automatic_p2(plant, pool):
         assert triage(conn, commander, ticket, "ACCEPTED").triage_state == "ACCEPTED"
         with pytest.raises(CommandRefused, match="already ACCEPTED"):
             triage(conn, commander, ticket, "REJECTED")
+
+
+def test_setting_the_priority_an_actor_already_set_is_an_unchanged_reply_that_records_nothing(plant, pool):
+    project = _project()
+    _, (ticket, _) = _ingest(plant, project)
+    with pool.connection() as conn:
+        commander, _ = member(conn, f"acme/{project}", "commander")
+        first = set_priority(conn, commander, ticket, "P1", reason="customer impact")
+        again = set_priority(conn, commander, ticket, "P1", reason="still customer impact")
+        assert (again.unchanged, again.replayed, again.command_seq, again.version, again.priority) == (
+            True, False, None, first.version, "P1")
+        facts = conn.execute("SELECT prior_priority, priority FROM ticket_priority_facts WHERE ticket_id = %s"
+                             " ORDER BY fact_id", (ticket,)).fetchall()
+        assert facts == [(None, "P2"), ("P2", "P1")]  # intake's, then the one decision; no P1->P1
+        assert _state(conn, ticket)[3] == first.version
+        assert set_priority(conn, commander, ticket, "P3").unchanged is False  # a change is still recorded
 
 
 def test_duplicate_appends_one_same_project_relation_cancels_and_never_closes(plant, make_world, pool):

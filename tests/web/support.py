@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.connectors.support import Plant
-from tests.tickets.support import ingest, member
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from nexus_pipelines.local.worlds.plant import member
+from tests.tickets.support import ingest
 
 _worlds = itertools.count(PROJECT_ID + 2000)
 

@@ -20,7 +20,7 @@ def run(dsn, *args):
 def registered(conn, key: str, revisions: int = 1) -> str:
     """A connector registration with `revisions` revisions: generations the queue's commands may name."""
     from nexus_pipelines.connectors.core import store
-    from tests.connectors.gitlab.harness import GitLabWorld
+    from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 
     world = GitLabWorld()
     for n in range(revisions):

@@ -1,4 +1,5 @@
-"""The seed's rollback matrix (gates 4 and 5), on real Postgres.
+"""The rollback matrix (docs/design/work-queue.md, "Rollback to the Event path" and
+"Reconciliation and re-cutover"), on real Postgres.
 
 Pending work item -> rollback fence -> legacy success / terminal failure -> reconciliation
 receipt -> re-cutover; duplicate terminal delivery; a crash between the receipt and its

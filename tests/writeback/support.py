@@ -16,7 +16,7 @@ from nexus_pipelines.local.simulators.nexuscrm import FieldSpec, NexusCrmState, 
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import parse_config
 from nexus_pipelines.writeback.contract import JobContext
-from nexus_pipelines.writeback.jobs.month_end_arr import demo_data
+from nexus_pipelines.local import month_end_arr_source
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 
 CONFIG_DIR = PROJECT_ROOT / "configs" / "jobs"
@@ -112,9 +112,9 @@ _loads = itertools.count(1)
 
 
 def seed_source(bq_client, dataset: str, rows: int, **options) -> None:
-    """demo_data.seed_source with a load time no other seed of this test session has."""
+    """month_end_arr_source.seed_source with a load time no other seed of this test session has."""
     options.setdefault("finished_at", _SESSION_LOAD - timedelta(seconds=next(_loads)))
-    demo_data.seed_source(bq_client, dataset, rows, **options)
+    month_end_arr_source.seed_source(bq_client, dataset, rows, **options)
 
 
 def seed(bq_client, rows: int = 30, negative_every: int = 0) -> str:

@@ -1,4 +1,4 @@
-"""Seed 004 section 15 staging acceptance 1-7, reproduced on the local stack: real
+"""The writeback's staging acceptance (docs/design/writeback-run.md), reproduced on the local stack: real
 Postgres, the BigQuery emulator, and the NexusCRM simulator (over HTTP on loopback
 where several processes must share one CRM)."""
 
@@ -28,7 +28,7 @@ def source(bq_client):
     return dataset
 
 
-def test_acceptance_1_to_4_new_same_changed_and_mixed(bq_client, make_runner, source):
+def test_new_unchanged_changed_and_mixed_records_are_created_skipped_and_updated(bq_client, make_runner, source):
     state = new_state()
     config = make_config(source)
     # 1. upsert one new external ID (canary)
@@ -119,7 +119,7 @@ def _spawn(ctx, args):
 
 
 @pytest.mark.slow
-def test_acceptance_6_killed_after_upsert_before_commit_then_replay(control_dsn, bq_emulator_url, source, http_crm,
+def test_a_run_killed_after_its_upsert_before_the_commit_replays_without_duplicates(control_dsn, bq_emulator_url, source, http_crm,
                                                                     control_conn):
     state, url = http_crm
     ctx = multiprocessing.get_context("spawn")
@@ -165,7 +165,7 @@ def test_acceptance_6_killed_after_upsert_before_commit_then_replay(control_dsn,
 
 
 @pytest.mark.slow
-def test_acceptance_7_two_simultaneous_runs_one_writes(control_dsn, bq_emulator_url, source, http_crm):
+def test_of_two_simultaneous_runs_only_one_writes(control_dsn, bq_emulator_url, source, http_crm):
     state, url = http_crm
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()

@@ -1,10 +1,11 @@
-"""Strict job config (seed 004 section 6) and safe SQL path resolution."""
+"""Strict job config (docs/design/writeback-run.md, "Steps") and safe SQL path resolution."""
 
 from __future__ import annotations
 
 import copy
 
 import pytest
+import yaml
 
 from nexus_pipelines.settings import PROJECT_ROOT
 from nexus_pipelines.writeback.config import ConfigError, check_target_url, load_config, parse_config, render_sql
@@ -171,3 +172,43 @@ def test_a_project_id_with_a_dot_is_a_config_error():
         data[section]["project"] = "my.project"
         with pytest.raises(ConfigError, match=rf"{section}\.project: .*not a project id"):
             parse_config(data, base_dir=CONFIG_DIR)
+
+
+def _written(tmp_path, data, replace: tuple[str, str]):
+    text = yaml.safe_dump(data, sort_keys=False).replace(*replace, 1)
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if replace[1].split("\n")[0] in row)
+    return path, line, text.splitlines()[line - 1]
+
+
+def test_a_bad_value_names_its_line_and_column(tmp_path):
+    path, line, row = _written(tmp_path, config_dict("src"), ("batch_size: 200", "batch_size: many"))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    column = row.index("many") + 1
+    assert f"write.batch_size (line {line}, column {column}): Input should be a valid integer" in str(info.value)
+
+
+def test_an_unknown_key_names_the_line_and_column_of_the_key(tmp_path):
+    path, line, row = _written(tmp_path, config_dict("src"), ("batch_size: 200", "batch_size: 200\n  batchsize: 5"))
+    line += 1  # the inserted key is on the next line
+    with pytest.raises(ConfigError, match=rf"write.batchsize \(line {line}, column 3\): unknown key"):
+        load_config(path)
+
+
+def test_a_missing_key_names_the_mapping_that_lacks_it(tmp_path):
+    data = config_dict("src")
+    del data["source"]["sql_file"]
+    path, line, _ = _written(tmp_path, data, ("source:", "source:"))
+    with pytest.raises(ConfigError, match=rf"source.sql_file \(line {line + 1}, column 3\): Field required"):
+        load_config(path)
+
+
+def test_a_yaml_syntax_error_names_its_line_and_column_in_one_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("source:\n  table: t\n  sql_vars: [a, b\nwrite: {}\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: not valid YAML at line 4, column 6: ") and "\n" not in message

@@ -12,7 +12,7 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.integrations.resources import BigQueryClientResource
 from nexus_pipelines.writeback.assets import asset_keys, build_writeback_assets, source_asset_spec
 from nexus_pipelines.definitions import defs as writeback_defs
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
+from nexus_pipelines.local.month_end_arr_source import mark_load
 from nexus_pipelines.writeback.registry import get_job
 
 from .support import dagster_resources, new_state, seed, seed_source, write_config
@@ -80,7 +80,7 @@ def test_new_record_errors_fail_the_dagster_run_and_unchanged_ones_do_not(tmp_pa
     seed_source(bq_client, dataset, 40, negative_every=10)
     state = new_state()  # its CRM rejects negative ARR per record
     first = run(tmp_path, control_dsn, bq_emulator_url, state, dataset)
-    assert not first.success  # section 11: new permanent failures are a non-zero exit
+    assert not first.success  # new permanent failures are a non-zero exit
     crm = [e.event_specific_data.materialization for e in first.get_asset_materialization_events()
            if e.asset_key == KEYS["crm"]]
     assert crm and crm[0].metadata["status"].value == "completed_with_errors"

@@ -1,4 +1,4 @@
-"""Seed 004 section 11's run exit policy, decided by JobResult.exit_code and reported
+"""The run exit policy (docs/design/writeback-run.md, "Exit codes"), decided by JobResult.exit_code and reported
 unchanged by the in-process `run-job` path."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from .support import dagster_resources, deploy, seed, write_config
 def test_run_job_exit_code_follows_the_contract_for_blocking_failures(tmp_path, control_dsn, bq_emulator_url,
                                                                        bq_client):
     """A forced replay that hits the CRM unique conflict again reports it as blocking:
-    the in-process `run-job` exit code agrees with JobResult.exit_code (section 11)."""
+    the in-process `run-job` exit code agrees with JobResult.exit_code."""
     state = deploy(NexusCrmState(), Account_External_Id__c=FieldSpec("Account_External_Id__c", length=18, unique=True))
     config_path = write_config(tmp_path, seed(bq_client, 24))
     resources = dagster_resources(control_dsn, bq_emulator_url, state)

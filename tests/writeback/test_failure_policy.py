@@ -1,4 +1,5 @@
-"""Seed 004 section 11, row by row, through the runner (real Postgres, emulator, simulator)."""
+"""The retry and failure policy (docs/design/writeback-run.md), row by row, through the runner
+(real Postgres, emulator, simulator)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The Postgres ledger: state transitions, unchanged skipping, attempt counts, fenced
-batch commits, retention, and the seed's table/column shape."""
+batch commits, retention, and the documented table/column shape."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def ledger(control_conn, request):
     return Ledger(control_conn, job, "Month_End_ARR__c")
 
 
-def test_seed_columns_are_present(control_conn):
+def test_the_ledger_tables_have_their_documented_columns(control_conn):
     def cols(table):
         return [r[0] for r in control_conn.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",

@@ -233,7 +233,7 @@ def test_schema_problems_name_missing_and_mistyped_columns():
     assert "required column currency_code is missing" in problems
 
 
-def test_canonical_hash_is_exactly_the_seed_definition():
+def test_the_canonical_hash_is_sha256_of_the_sorted_compact_document():
     payload = {"Month_End_ARR_Key__c": "k1", "ARR_Amount__c": Decimal("10.50"), "Product_Line__c": None}
     document = {"object": "Month_End_ARR__c", "external_id_field": "Month_End_ARR_Key__c", "external_id": "k1",
                 "payload": {"Month_End_ARR_Key__c": "k1", "ARR_Amount__c": "10.50", "Product_Line__c": None}}

@@ -1,4 +1,4 @@
-"""`nexus-pipelines run-job`: the seed's Cloud Run Job command and its exit codes, through
+"""`nexus-pipelines run-job`: the writeback's Cloud Run Job command and its exit codes, through
 click's runner against the simulator served over HTTP."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from nexus_pipelines.cli import main
 from nexus_pipelines.local.simulators.http import serve_in_thread
 from nexus_pipelines.local.simulators.nexuscrm import Fault, build_nexuscrm_app
-from nexus_pipelines.writeback.jobs.month_end_arr.demo_data import mark_load
+from nexus_pipelines.local.month_end_arr_source import mark_load
 
 from .support import new_state, seed_source, write_config
 

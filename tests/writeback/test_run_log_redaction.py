@@ -1,4 +1,5 @@
-"""Run logs and the ledger never carry tokens, secrets, payloads or customer fields (seed 004 section 13)."""
+"""Run logs and the ledger never carry tokens, secrets, payloads or customer fields
+(docs/design/writeback-run.md, "Logs and secrets")."""
 
 from __future__ import annotations
 

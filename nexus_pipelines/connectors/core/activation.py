@@ -1,10 +1,11 @@
-"""Activating a registration revision: one revision is one work-queue generation (CX-01).
+"""Activating a registration revision: one revision is one work-queue generation
+(docs/design/connector-contract.md, "Registrations and revisions").
 
 A new revision of a key takes over only after the old one has stopped polling, its
 receipts and work items have been processed, and its generation is quiesced with a
-drain proof (work-queue gates 1-3). The new revision starts from its own empty cursor;
-custody keys on (tenant, registration key, external ref), so re-reading issues the old
-revision already delivered creates nothing twice.
+drain proof (docs/design/work-queue.md, "Quiesce and the drain proof"). The new revision
+starts from its own empty cursor; custody keys on (tenant, registration key, external
+ref), so re-reading issues the old revision already delivered creates nothing twice.
 """
 
 from __future__ import annotations

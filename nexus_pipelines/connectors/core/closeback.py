@@ -1,4 +1,4 @@
-"""Deterministic close commands (CX-10): one per accepted success proof.
+"""Deterministic close commands (docs/design/connector-contract.md, "Close-back"): one per accepted success proof.
 
 The command id and marker are pure functions of (tenant, ticket id, proof id), so
 recording the same proof twice, replaying a work item or recovering from a crash

@@ -1,4 +1,5 @@
-"""The composition root (CX-01): one registration revision -> one adapter.
+"""The composition root: one registration revision -> one adapter
+(docs/design/connector-contract.md, "Composition and secrets").
 
 Validates the revision's strict provider config, resolves its credential references
 from the deployment's secret source (environment variables or files), and builds the

@@ -1,4 +1,5 @@
-"""The core-owned retry executor (CX-08): at most four attempts inside a ten-second
+"""The core-owned retry executor (docs/design/connector-contract.md, "The retry executor"): at
+most four attempts inside a ten-second
 monotonic deadline, capped exponential delay plus bounded, injectable jitter.
 
 Core alone creates each `ConnectorAttempt`, measures the deadline, decides whether
@@ -61,7 +62,7 @@ class InvocationLog:
 
 
 class RetryExecutor:
-    """Runs one adapter operation under the seed's hard bounds.
+    """Runs one adapter operation under the contract's hard bounds.
 
     `clock` is monotonic seconds, `sleep` blocks, `jitter` returns a unit value in [0, 1)
     (clamped) that scales the jitter; tests inject all three.
@@ -87,7 +88,7 @@ class RetryExecutor:
             if len(result.issues) > request.page_size:
                 raise _Broken(f"fetch_page returned {len(result.issues)} issues for a page of {request.page_size}")
             if result.next_cursor == request.cursor and (result.issues or not result.exhausted):
-                # CX-04: a page advances the token or declares exhaustion (else a poll could spin)
+                # a page advances the token or declares exhaustion (else a poll could spin)
                 raise _Broken("fetch_page returned a page without advancing the cursor or declaring exhaustion")
             return result
 

@@ -1,4 +1,5 @@
-"""The whole adapter surface: two methods, one typed result per invocation (seed 002).
+"""The whole adapter surface: two methods, one typed result per invocation
+(docs/design/connector-contract.md, "The adapter protocol and typed results").
 
 A connector is a structural protocol, not a base class. The composed adapter already
 holds its pinned, validated provider config and its process-local credential, so

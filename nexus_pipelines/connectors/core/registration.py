@@ -1,5 +1,5 @@
 """Registrations: one YAML file per connector registration, loaded into an immutable
-revision (CX-01, CX-02).
+revision (docs/design/connector-contract.md, "Registrations and revisions").
 
 A file names the registration key, tenant and ticket project, the connector kind, the
 poll schedule and page bound, a provider-neutral source-label map and the provider's

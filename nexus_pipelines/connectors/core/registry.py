@@ -1,4 +1,5 @@
-"""The static connector registry's types (CX-17): kind -> strict config parser and factory.
+"""The static connector registry's types: kind -> strict config parser and factory
+(docs/design/connector-contract.md, "The static registry and the freeze set").
 
 The table itself is `nexus_pipelines/connectors/registry.py`, one reviewed row per
 provider. Construction refuses duplicate kinds and schema ids; there is no import

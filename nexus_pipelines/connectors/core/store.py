@@ -1,5 +1,5 @@
 """Postgres persistence of connector state: registration revisions, per-revision progress
-with its fenced poll lease, and the page commit (CX-01, CX-03, CX-04).
+with its fenced poll lease, and the page commit (docs/design/connector-contract.md, "The poll tick").
 
 A poll claim takes one due revision of an active registration with `FOR UPDATE SKIP
 LOCKED`, a fresh token from the shared `fencing_tokens` sequence and a lease deadline

@@ -1,4 +1,5 @@
-"""One bounded poll tick under a leased, fenced claim (CX-03), and the loop a poll run is.
+"""One bounded poll tick under a leased, fenced claim, and the loop a poll run is
+(docs/design/connector-contract.md, "The poll tick").
 
 A tick claims one due registration revision, fetches at most one page through the
 retry executor, checks the page against the seam (connector kind, identities, cursor

@@ -1,8 +1,9 @@
-"""The strict values of the connector seam (seed 002, "Core ownership").
+"""The strict values of the connector seam (docs/design/connector-contract.md, "The adapter
+protocol and typed results").
 
 Every value is a frozen pydantic model with `extra="forbid"`. Results carry a literal
 `kind` discriminator, and the failure models refuse every reason/class/disposition
-combination the seed forbids, so an adapter cannot return something core would have
+combination the contract forbids, so an adapter cannot return something core would have
 to guess about. Nothing here knows a provider: identities are `kind:container:item`
 strings whose parts the adapter chooses from immutable provider ids.
 """
@@ -76,7 +77,7 @@ Detail = Annotated[str, Field(max_length=DETAIL_MAX_CHARS)]
 
 
 class ExternalIssue(BaseModel):
-    """One provider issue, normalized: the only fields core ever sees (CX-05)."""
+    """One provider issue, normalized: the only fields core ever sees."""
 
     model_config = _STRICT
 
@@ -101,7 +102,7 @@ class ExternalIssue(BaseModel):
 
 
 def source_version_digest(issue: ExternalIssue) -> str:
-    """sha256 over the canonical JSON of the normalized value (CX-07)."""
+    """sha256 over the canonical JSON of the normalized value (the observation digest)."""
     canonical = json.dumps(issue.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
@@ -126,7 +127,7 @@ class FetchIssuePage(BaseModel):
 
 
 class ExternalIssuePage(BaseModel):
-    """A bounded page. `next_cursor` must advance whenever `issues` is non-empty (CX-04);
+    """A bounded page. `next_cursor` must advance whenever `issues` is non-empty;
     `excluded` counts provider items the adapter skipped by rule (GitHub pull requests);
     `rescan` says the page proved a shift under the scan (an item read twice, a short page
     behind an offset), so `next_cursor` repeats the scan from its own bound."""

@@ -1,8 +1,9 @@
 """GitHub close-back: one marker-bearing comment, then `PATCH state=closed,
 state_reason=completed`, each ambiguous step reconciled before anything retryable is
-answered (CX-09): the comment by listing every page of the issue's comments for the
-exact marker, the close by reading the issue's state. A lookup that cannot tell gives
-`AmbiguousWrite`, which core never retries.
+answered (docs/design/connector-contract.md, "Marker reconciliation"): the comment by
+listing every page of the issue's comments for the exact marker, the close by reading
+the issue's state. A lookup that cannot tell gives `AmbiguousWrite`, which core never
+retries.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The GitHub cursor: a readable, bounded token only the GitHub adapter interprets (CX-04).
+"""The GitHub cursor: a readable, bounded token only the GitHub adapter interprets
+(docs/design/connector-contract.md, "Cursor rules").
 
 `gh1;n=<seq>;since=<t>;from=<t>;hwm=<t>;etag=<etag>[;w=<watch>];next=<path?query>`
 

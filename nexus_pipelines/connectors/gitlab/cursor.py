@@ -1,4 +1,5 @@
-"""The GitLab cursor: a readable, bounded token only the GitLab adapter interprets (CX-04).
+"""The GitLab cursor: a readable, bounded token only the GitLab adapter interprets
+(docs/design/connector-contract.md, "Cursor rules").
 
 `gl1;n=<seq>;since=<t>;from=<t>;hwm=<t>[;w=<watch>];next=<path?query>` where `since` is the
 inclusive `updated_after` bound of the current query, `from` the provider's `Date` when

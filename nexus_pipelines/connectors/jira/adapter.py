@@ -11,7 +11,6 @@ Close-back is in `closeback.py`. A 3xx is never followed.
 
 from __future__ import annotations
 
-import base64
 import re
 from zoneinfo import ZoneInfo
 
@@ -45,6 +44,7 @@ from nexus_pipelines.connectors.provider_http import (
     served_at,
 )
 from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client
+from nexus_pipelines.redaction import basic_credentials
 
 KIND = "jira"
 FIELDS = "summary,description,labels,reporter,status,updated,project,issuetype"
@@ -52,7 +52,8 @@ _TOKEN = re.compile(r"^[\x21-\x7e]+$")  # what a cursor token may hold
 
 
 def _basic(email: str, token: SecretStr):
-    return lambda: base64.b64encode(f"{email}:{token.get_secret_value()}".encode()).decode()
+    pair = basic_credentials(email, token.get_secret_value())  # the encoded pair joins the redaction rule
+    return lambda: pair
 
 
 class JiraConnector:

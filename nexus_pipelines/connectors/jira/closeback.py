@@ -1,5 +1,6 @@
 """Jira close-back: find the transition to the configured done status, post one
-marker-bearing ADF comment, then perform that transition (CX-09).
+marker-bearing ADF comment, then perform that transition (marker reconciliation,
+docs/design/connector-contract.md).
 
 Transition ids belong to a workflow (each work type can have its own) and what is
 available depends on the issue's current status, so they are listed for the issue on

@@ -1,4 +1,5 @@
-"""The Jira cursor: a readable, bounded token only the Jira adapter interprets (CX-04).
+"""The Jira cursor: a readable, bounded token only the Jira adapter interprets
+(docs/design/connector-contract.md, "Cursor rules").
 
 `jr1;n=<seq>;since=<t>;from=<t>;hwm=<t>;at=<t>[;w=<watch>];next=<nextPageToken>`: `since` is the
 scan's inclusive lower bound, `from` the provider's `Date` when the scan's first page was

@@ -1,1 +1,1 @@
-"""The ticket pages: Board, Ticket Detail and Attention, server-rendered (seed 002 CX-15)."""
+"""The ticket pages: Board, Ticket Detail and Attention, server-rendered (docs/design/triage-authority.md)."""

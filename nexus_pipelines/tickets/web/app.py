@@ -44,7 +44,8 @@ SESSION_COOKIE = "np_session"
 SIGNIN_COOKIE = "np_signin"
 MAX_FORM_BYTES = 16_384
 NOTICES = {"priority": "Priority recorded.", "triage": "Triage recorded.",
-           "replayed": "That decision was recorded before; nothing new was written."}
+           "replayed": "That decision was recorded before; nothing new was written.",
+           "unchanged": "The ticket already has that priority; nothing was recorded."}
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'self'; form-action 'self'; frame-ancestors 'none'; "
                                "base-uri 'none'",
@@ -211,7 +212,7 @@ class _Pages:
             return await self.detail_page(request, error=f"Refused: {exc}", status=403)
         except CommandRefused as exc:
             return await self.detail_page(request, error=str(exc), status=422)
-        done = "replayed" if result.replayed else action
+        done = "replayed" if result.replayed else "unchanged" if result.unchanged else action
         return RedirectResponse(f"/tickets/{ticket_id}?done={done}", status_code=303)
 
 

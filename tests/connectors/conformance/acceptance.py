@@ -1,4 +1,5 @@
-"""The shared real-Postgres acceptance for every connector (CX-18): the provider's simulator
+"""The shared real-Postgres acceptance for every connector (the admission contract of
+docs/design/connector-contract.md): the provider's simulator
 behind an in-process transport, the real control plane, and the code location's own
 poll, routing, work-queue drain and ticket handlers.
 
@@ -19,7 +20,8 @@ from nexus_pipelines.connectors.core.tick import run_tick
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.tickets.proofs import ProofRefused
 from nexus_pipelines.workqueue.dlq import replay
-from tests.connectors.support import Plant, counts, executor, tickets_by_ref
+from nexus_pipelines.local.worlds.plant import Plant, executor
+from tests.connectors.support import counts, tickets_by_ref
 
 
 @pytest.fixture
@@ -251,7 +253,7 @@ def test_only_an_eligible_ticket_takes_a_success_proof(plant, pool, request):
         assert counts(conn, registration)["commands"] == 1
 
 
-def test_phase1_two_active_registrations_are_isolated(make_world, pool, request):
+def test_two_active_registrations_are_isolated(make_world, pool, request):
     plants = [Plant(make_world(), pool) for _ in range(2)]
     registrations = [p.world.registration(key=f"{_key(request)}-{n}") for n, p in enumerate(plants)]
     for plant, registration in zip(plants, registrations):

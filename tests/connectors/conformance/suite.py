@@ -1,4 +1,5 @@
-"""The shared connector conformance suite (CX-18): the admission contract for every connector.
+"""The shared connector conformance suite: the admission contract for every connector
+(docs/design/connector-contract.md, "Conformance").
 
 A provider binds itself with `from tests.connectors.conformance.suite import *` in its own
 `test_conformance.py` and a `world` fixture returning its `World` (see `harness.py`).
@@ -28,6 +29,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
 )
+from nexus_pipelines.local.worlds import scans
 
 
 class FakeClock:
@@ -66,15 +68,7 @@ def executor(clock: FakeClock | None = None, jitter: float = 0.0) -> RetryExecut
 
 def scan(world, adapter, *, page_size: int = 100, cursor: str | None = None, max_pages: int = 500):
     """Fetch until the scan is exhausted; returns (issues in order, tokens)."""
-    issues, tokens = [], [cursor]
-    for _ in range(max_pages):
-        result, _ = executor().fetch(adapter, FetchIssuePage(cursor=tokens[-1], page_size=page_size))
-        assert isinstance(result, ExternalIssuePage), result
-        issues.extend(result.issues)
-        tokens.append(result.next_cursor)
-        if result.exhausted:
-            return issues, tokens
-    raise AssertionError("the scan never ended")
+    return scans.scan(adapter, page_size=page_size, cursor=cursor, max_pages=max_pages)
 
 
 def close_command(ref: str, ticket: int = 1, proof: int = 1, *, reconcile_first: bool = False) -> CloseExternalIssue:
@@ -229,7 +223,7 @@ def _attempt():
     return ConnectorAttempt(attempt_number=1, deadline_remaining_milliseconds=DEADLINE_MS)
 
 
-def test_phase1_retry_classifies_connect_error(world):
+def test_the_retry_classifies_a_connect_error_and_a_refused_close_writes_once(world):
     refs = world.add_issues(2)
     world.fail_next("list", "connect_error")
     result, log = executor().fetch(world.adapter(), FetchIssuePage(cursor=None, page_size=10))
@@ -246,11 +240,11 @@ def test_phase1_retry_classifies_connect_error(world):
     assert sum(1 for c in world.comments(refs[0]) if "[nexus:close:" in c) == 1
 
 
-def test_phase1_retry_classifies_read_error(world):
+def test_the_retry_classifies_a_read_error(world):
     _first_transport_row(world, "read_error", "transport_read", "apply_then_read_error")
 
 
-def test_phase1_retry_classifies_remote_protocol_error(world):
+def test_the_retry_classifies_a_remote_protocol_error(world):
     _first_transport_row(world, "protocol_error", "transport_protocol", "apply_then_protocol_error")
 
 

@@ -9,7 +9,7 @@ from nexus_pipelines.connectors.core.registration import RegistrationError, from
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.connectors.gitlab import SPEC
 from nexus_pipelines.connectors.registry import LOCAL_REGISTRATIONS_DIR, REGISTRY, load_registrations
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 
 def data(**provider):
@@ -40,6 +40,11 @@ def test_secret_looking_literals_anywhere_are_refused_without_echoing_them():
     assert gitlab_token("abcdefghij") not in str(info.value)
     with pytest.raises(RegistrationError, match="provider.base_url looks like a secret"):
         parse_registration(data(base_url="https://user:pass@gitlab.example.com"), REGISTRY, source="a.yaml")
+
+
+def test_a_readable_key_with_digits_and_dashes_is_a_key_not_a_secret():
+    registration = parse_registration({**data(), "key": "gh-rl-secondary-403-retry-after"}, REGISTRY, source="a.yaml")
+    assert registration.revision_id.startswith("gh-rl-secondary-403-retry-after@")
 
 
 @pytest.mark.parametrize("change, message", [

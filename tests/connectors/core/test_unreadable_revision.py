@@ -4,8 +4,8 @@ new release) fails on its own durable schedule instead of ending the poll run.""
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.registry import REGISTRY
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import Plant, executor
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant, executor
 
 
 def test_an_unreadable_stored_revision_fails_terminally_and_the_run_polls_the_others(pool):

@@ -1,4 +1,4 @@
-"""The seam's values refuse every combination the seed forbids."""
+"""The seam's values refuse every combination the connector contract forbids."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def issue(**changes) -> ExternalIssue:
 
 
 @pytest.mark.parametrize("reason, retry_class", list(itertools.product(REASONS, ["retryable", "terminal"])))
-def test_only_the_seeds_reason_class_pairs_validate(reason, retry_class):
+def test_only_the_contract_reason_class_pairs_validate(reason, retry_class):
     allowed = reason in (RETRYABLE_REASONS if retry_class == "retryable" else TERMINAL_REASONS)
     for build in (lambda: FetchFailure(retry_class=retry_class, reason=reason),
                   lambda: CloseFailure(retry_class=retry_class, reason=reason, write_disposition="not_written")):
@@ -44,7 +44,7 @@ def test_only_the_seeds_reason_class_pairs_validate(reason, retry_class):
                 build()
 
 
-def test_the_reason_sets_are_exactly_the_seeds():
+def test_the_reason_sets_are_exactly_the_contracts():
     assert RETRYABLE_REASONS == {"timeout", "transport_connect", "transport_read", "transport_protocol", "throttled",
                                  "provider_5xx"}
     assert TERMINAL_REASONS == {"authentication", "authorization", "ordinary_4xx", "invalid_payload",

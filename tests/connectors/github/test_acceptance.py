@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from tests.connectors.conformance.acceptance import *  # noqa: F403 - the shared acceptance runs here for GitHub
-from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 
 
 @pytest.fixture

@@ -25,8 +25,8 @@ from nexus_pipelines.connectors.provider_http import Deadline
 from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit, issue_payload
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.github.harness import API_URL, APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
-from tests.connectors.github.keys import new_key_pair
+from nexus_pipelines.local.worlds.github import API_URL, APP_ID, INSTALLATION_ID, REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github_keys import new_key_pair
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.connectors.conformance.suite import *  # noqa: F403 - the shared rows run here for GitHub
-from tests.connectors.github.harness import GitHubWorld
+from nexus_pipelines.local.worlds.github import GitHubWorld
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import pytest
 from nexus_pipelines.connectors.core.values import FetchIssuePage
 from nexus_pipelines.connectors.github.cursor import GitHubCursor, format_time
 from tests.connectors.conformance.suite import _attempt
-from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 from tests.connectors.github.test_adapter import query_of
 from tests.connectors.offset_paging import first_page_then_next_request
 from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for GitHub

@@ -26,8 +26,8 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.scan_cursor import NONE
 from nexus_pipelines.local.simulators.github import Issue, Repository, User, issue_payload
 from tests.connectors.fuzzing import answering_transport, check, check_cursor_token, cursor_text, fetch_checked, json_values
-from tests.connectors.github.harness import API_URL, REPOSITORY_ID, GitHubWorld
-from tests.connectors.github.keys import short_key_pair
+from nexus_pipelines.local.worlds.github import API_URL, REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github_keys import short_key_pair
 
 # every example composes an adapter, so signs an App JWT: a short key keeps the module fast
 pytestmark = pytest.mark.filterwarnings("ignore::jwt.InsecureKeyLengthWarning")

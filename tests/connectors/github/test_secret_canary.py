@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging
 
 from nexus_pipelines.local.simulators.http import Fault
-from tests.connectors.github.harness import INSTALLATION_ID, GitHubWorld
-from tests.connectors.github.keys import new_key_pair
-from tests.connectors.support import Plant, everything_recorded, tickets_by_ref
+from nexus_pipelines.local.worlds.github import INSTALLATION_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github_keys import new_key_pair
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import everything_recorded, tickets_by_ref
 
 
 def test_no_github_credential_leaves_the_adapter(pool, caplog):

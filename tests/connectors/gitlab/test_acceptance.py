@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from tests.connectors.conformance.acceptance import *  # noqa: F403 - the shared acceptance runs here for GitLab
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 
 
 @pytest.fixture

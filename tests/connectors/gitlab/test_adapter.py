@@ -13,8 +13,8 @@ from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
 from nexus_pipelines.local.simulators.gitlab import RateLimit
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 
 @pytest.fixture

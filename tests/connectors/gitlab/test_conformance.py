@@ -3,7 +3,7 @@
 import pytest
 
 from tests.connectors.conformance.suite import *  # noqa: F403 - the shared rows run here for GitLab
-from tests.connectors.gitlab.harness import GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 
 
 @pytest.fixture

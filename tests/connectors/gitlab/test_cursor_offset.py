@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 
 from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor, format_time
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 from tests.connectors.gitlab.test_adapter import query_of
 from tests.connectors.offset_paging import first_page_then_next_request
 from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for GitLab

@@ -5,7 +5,7 @@ offset pages, which the cursor re-anchors."""
 
 import pytest
 
-from tests.connectors.gitlab.harness import GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from tests.connectors.gitlab.test_adapter import fetch, query_of
 from tests.connectors.offset_paging import *  # noqa: F403 - the offset-paging rows run here for this GitLab
 

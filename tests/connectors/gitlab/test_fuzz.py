@@ -12,7 +12,7 @@ from nexus_pipelines.connectors.core.values import ExternalIssuePage
 from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor
 from tests.connectors.fuzzing import adapter_answering as answering
 from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 
 VALID = {
     "id": 1, "iid": 1, "project_id": PROJECT_ID, "title": "t", "description": "d", "state": "opened",

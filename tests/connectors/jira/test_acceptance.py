@@ -5,7 +5,7 @@ import itertools
 import pytest
 
 from tests.connectors.conformance.acceptance import *  # noqa: F403 - the shared acceptance runs here for Jira
-from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
+from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
 
 
 @pytest.fixture

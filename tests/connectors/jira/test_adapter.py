@@ -26,7 +26,7 @@ from nexus_pipelines.connectors.jira.cursor import JiraCursor, jql_minute
 from nexus_pipelines.local.simulators.http import Fault
 from nexus_pipelines.local.simulators.jira import BROWSE, BUG, READ_SCOPE, RateLimit
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.jira.harness import BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
+from nexus_pipelines.local.worlds.jira import BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.connectors.conformance.suite import *  # noqa: F403 - the shared rows run here for Jira
-from tests.connectors.jira.harness import JiraWorld
+from nexus_pipelines.local.worlds.jira import JiraWorld
 
 
 @pytest.fixture

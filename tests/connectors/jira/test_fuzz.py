@@ -16,7 +16,7 @@ from nexus_pipelines.connectors.jira.cursor import JiraCursor
 from tests.connectors.conformance.suite import _attempt
 from tests.connectors.fuzzing import adapter_answering as answering
 from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
-from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
+from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
 
 FIELDS = {
     "summary": "s", "description": {"type": "doc", "version": 1, "content": [

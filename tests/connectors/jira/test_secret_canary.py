@@ -15,13 +15,14 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.http import Fault
 from nexus_pipelines.redaction import looks_like_secret
 from nexus_pipelines.settings import PROJECT_ROOT
-from tests.connectors.jira.harness import EMAIL, JiraWorld
-from tests.connectors.support import Plant, everything_recorded, tickets_by_ref
+from nexus_pipelines.local.worlds.jira import EMAIL, JiraWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import everything_recorded, tickets_by_ref
 
 # Atlassian API tokens start ATATT3 and run to ~190 characters; basic credentials are base64.
 _TOKEN_SHAPES = (re.compile(r"ATATT3[A-Za-z0-9_=-]{20,}"), re.compile(r"\bBasic\s+[A-Za-z0-9+/]{16,}={0,2}"))
 _SCANNED = ("README.md", "docs/connectors/authoring.md", "configs/connectors/examples/jira.yaml",
-            "configs/connectors/local/demo-jira.yaml")
+            "configs/connectors/local/demo-jira.yaml", "nexus_pipelines/local/worlds/jira.py")
 
 
 def test_no_jira_token_leaves_the_adapter(pool, caplog):

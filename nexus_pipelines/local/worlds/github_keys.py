@@ -1,4 +1,4 @@
-"""RSA keys for GitHub App tests, made at test time: no private key is ever committed."""
+"""RSA keys for GitHub App worlds, made at run time: no private key is ever committed."""
 
 from __future__ import annotations
 

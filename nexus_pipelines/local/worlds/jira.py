@@ -1,4 +1,4 @@
-"""The Jira binding of the shared conformance suite: a `World` over the Jira simulator.
+"""The Jira world: a `World` of the shared conformance suite over the Jira simulator.
 
 One world is one simulator with one site (its cloud id), one project, one service account
 whose profile time zone is not UTC (so every JQL date is really converted), an API token
@@ -19,7 +19,7 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.simulators.jira import SUBTASK, JiraSimulator, JiraState
-from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
 
 PROJECT_ID = 10000
 DONE_STATUS = 10002

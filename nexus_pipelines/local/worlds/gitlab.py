@@ -1,4 +1,4 @@
-"""The GitLab binding of the shared conformance suite: a `World` over the GitLab simulator."""
+"""The GitLab world: a `World` of the shared conformance suite over the GitLab simulator."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
-from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 PROJECT_ID = 278964
 BASE_URL = "https://gitlab.example.test"

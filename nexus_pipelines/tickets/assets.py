@@ -20,8 +20,11 @@ from dagster import (
     multi_asset_check,
 )
 
+from psycopg import Connection
+
+from nexus_pipelines.connectors.core.tick import TickReport
 from nexus_pipelines.control.resources import ControlPlaneResource
-from nexus_pipelines.tickets.queries import TicketCounts, waiting_findings_by_registration
+from nexus_pipelines.tickets.queries import TicketCounts, counts_by_registration, linked_refs, waiting_findings_by_registration
 
 TRIAGE_AGE_CHECK = "triage_waits_less_than_max_age"
 
@@ -56,6 +59,21 @@ def tickets_observation(registration_id: str, counts: TicketCounts | None, **ext
     for name, value in extra.items():
         metadata[name] = MetadataValue.int(value) if isinstance(value, int) else MetadataValue.text(str(value))
     return AssetObservation(asset_key=tickets_asset_key(registration_id), metadata=metadata)
+
+
+class TicketObserver:
+    """What a poll run reports about the tickets it feeds: how many of the admitted issue
+    versions are new tickets, and one observation per touched registration. The poll job
+    takes it as its `ticket_observer` resource, so connectors never import tickets."""
+
+    def after_poll(self, conn: Connection, ticks: list[TickReport]) -> tuple[int, list[AssetObservation]]:
+        counts = counts_by_registration(conn)
+        linked = linked_refs(conn, [(t.registration_id, ref) for t in ticks for ref in t.admitted_refs])
+        new_tickets = sum(1 for t in ticks for ref in t.admitted_refs if (t.registration_id, ref) not in linked)
+        last = {t.registration_id: t for t in ticks}  # the last tick of each registration
+        observations = [tickets_observation(rid, counts.get(rid), last_poll_cursor=tick.cursor or "(none)")
+                        for rid, tick in sorted(last.items())]
+        return new_tickets, observations
 
 
 def triage_age_check(registration_ids: Iterable[str], max_age_hours: float):

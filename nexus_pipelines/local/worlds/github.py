@@ -1,4 +1,4 @@
-"""The GitHub binding of the shared conformance suite: a `World` over the GitHub simulator.
+"""The GitHub world: a `World` of the shared conformance suite over the GitHub simulator.
 
 One world is one simulator with one App (its public key registered), one installation
 on one repository and the App's private key behind an `env:` reference. The adapter is
@@ -26,8 +26,8 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSimulator, GitHubState, User
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
-from tests.connectors.github.keys import shared_key_pair
-from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
+from nexus_pipelines.local.worlds.github_keys import shared_key_pair
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242

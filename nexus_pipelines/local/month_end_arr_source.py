@@ -1,5 +1,5 @@
-"""Source tables for Month End ARR in a BigQuery dataset, generated in SQL (fast on the
-emulator and on BigQuery): used by the demo, the benchmark and the tests."""
+"""Demo source tables of the Month End ARR writeback in a BigQuery dataset, generated in SQL
+(fast on the emulator and on BigQuery): used by the demo, the benchmark and the tests."""
 
 from __future__ import annotations
 
