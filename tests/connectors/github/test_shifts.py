@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.connectors.github.harness import GitHubWorld
+from nexus_pipelines.local.worlds.github import GitHubWorld
 from tests.connectors.shifts import *  # noqa: F403 - the shift rows run here for GitHub
 
 

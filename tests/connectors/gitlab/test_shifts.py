@@ -3,7 +3,7 @@ answers offset pages."""
 
 import pytest
 
-from tests.connectors.gitlab.harness import GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from tests.connectors.shifts import *  # noqa: F403 - the shift rows run here for GitLab
 
 

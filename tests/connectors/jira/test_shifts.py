@@ -11,11 +11,12 @@ from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.jira.cursor import JiraCursor
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.scan_cursor import MAX_SHIFT_RESTARTS
+from nexus_pipelines.local.worlds.jira import JiraWorld
+from nexus_pipelines.local.worlds.plant import Plant
 from tests.connectors.conformance.suite import executor, scan
-from tests.connectors.jira.harness import JiraWorld
 from tests.connectors.shifts import *  # noqa: F403 - the shift rows run here for Jira
 from tests.connectors.shifts import PAGE, RUN, fetch, refs_of, tie_run_then_tail
-from tests.connectors.support import Plant, tickets_by_ref
+from tests.connectors.support import tickets_by_ref
 
 
 @pytest.fixture
