@@ -3,14 +3,22 @@ processes share a provider's stated wait, and a close held by it spends no attem
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.github.limits import CONTENT_WRITES_PER_MINUTE, LIMIT_STATUSES
 from nexus_pipelines.connectors.provider_gate import GatePolicy, ProviderGates
 from nexus_pipelines.local.simulators.github import SecondaryLimit
+from nexus_pipelines.local.simulators.gitlab import RateLimit
 from tests.connectors.github.harness import GitHubWorld
+from tests.connectors.served import PROJECT_ID, serve_gitlab
 from tests.connectors.support import Plant, tickets_by_ref
+from tests.tokens import gitlab_token
 
 
 @pytest.fixture
@@ -99,3 +107,29 @@ def test_githubs_content_writes_past_80_a_minute_wait_for_the_oldest_to_age_out(
     held = gates.admit(policy, write=True)
     assert held is not None and 55 <= held.wait_s <= 60 and "80 writes per minute" in held.said
     assert gates.admit(policy, write=False) is None  # reads are not content writes
+
+
+def _gate_process(dsn, served, path):
+    env = {**os.environ, served.token_env: served.token, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    return subprocess.Popen([sys.executable, "-m", "tests.connectors.gate_process", dsn, str(path)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_new_processes_know_a_wait_another_process_learned_and_send_nothing(tmp_path, pool, control_dsn):
+    served, stop = serve_gitlab(tmp_path, key="gate-processes", token=gitlab_token("gate-0123456789abcdefghij"))
+    path = served.folder / "gate-processes.yaml"
+    try:
+        served.state.add_issue(PROJECT_ID, title="limited")
+        served.state.rate_limit = RateLimit(limit=0, window_s=3600)
+        with pool.connection() as conn:
+            conn.execute("DELETE FROM provider_gates")
+        first = _gate_process(control_dsn, served, path)  # meets the 429 and holds the gate
+        out, err = first.communicate(timeout=120)
+        assert json.loads(out)["reason"] == "throttled", err
+        both = [_gate_process(control_dsn, served, path) for _ in range(2)]  # started after it ended, at once
+        results = [json.loads(p.communicate(timeout=120)[0]) for p in both]
+        assert all(r["reason"] == "throttled" and "nothing was sent" in r["detail"] for r in results)
+        assert served.state.limited_calls == 0  # no request reached GitLab after its 429
+        assert all(r["retry_after_seconds"] > 60 for r in results)
+    finally:
+        stop()
