@@ -17,7 +17,7 @@ that would exceed the budget waits for the oldest to age out.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from psycopg_pool import ConnectionPool
@@ -53,7 +53,7 @@ class Held:
     said: str
 
     def line(self) -> str:
-        return f"{self.key} is held until {self.until:%Y-%m-%dT%H:%M:%SZ} ({self.said})"
+        return f"{self.key} is held until {self.until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} ({self.said})"
 
 
 _ENSURE = "INSERT INTO provider_gates (gate_key) VALUES (%s) ON CONFLICT DO NOTHING"

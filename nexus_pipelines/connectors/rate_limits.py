@@ -5,8 +5,9 @@ An answer states a wait when:
 
 * it is a limit refusal (a status the provider uses for limits: GitHub 403/429, GitLab
   and Jira 429) carrying `Retry-After` (seconds or an HTTP date);
-* it names when the budget resets, on a limit refusal, or on any status (a 200 can say
-  so too) with a remaining count of 0 (`x-ratelimit-remaining`, `RateLimit-Remaining`):
+* it names when the budget resets, with a remaining count of 0 (`x-ratelimit-remaining`,
+  `RateLimit-Remaining`) on any status (a 200 can say so too), or with no remaining
+  count on a limit refusal:
   epoch seconds as GitHub's `x-ratelimit-reset` and GitLab's `RateLimit-Reset`, or
   ISO 8601 to the minute as Jira's `X-RateLimit-Reset`;
 * it is a limit refusal with neither: then at least a minute, as GitHub documents for a
@@ -50,7 +51,8 @@ def _message(response: httpx.Response) -> str:
 
 
 def _reset_epoch(value: str) -> float | None:
-    # ASCII digits only ("²".isdigit() is true); compared before any float arithmetic
+    # ASCII digits only ("²".isdigit() is true); an epoch of hundreds of digits is beyond
+    # any clock (a day's wait), never a float overflow
     if value.isascii() and value.isdigit():
         return float("inf") if len(value) > 15 else float(value)
     try:
@@ -61,7 +63,10 @@ def _reset_epoch(value: str) -> float | None:
 
 def _budget_spent(response: httpx.Response, now: float, refusal: bool) -> StatedWait | None:
     headers = response.headers
-    if not refusal and not any(headers.get(name) == "0" for name in _REMAINING):
+    remaining = [headers[name] for name in _REMAINING if name in headers]
+    # GitHub dates every answer with its budget: a reset says "wait" only when nothing remains
+    # (or, on a limit refusal, when no remaining count is given at all)
+    if not ("0" in remaining or (refusal and not remaining)):
         return None
     for name in _RESET:
         at = _reset_epoch(headers.get(name, "").strip())

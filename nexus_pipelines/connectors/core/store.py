@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from psycopg import Connection
 from psycopg.types.json import Jsonb
@@ -371,8 +371,9 @@ class PollRequest:
     held_by: str | None
 
     def line(self) -> str:
-        return (f"{self.registration_id}: keeps the provider's wait until {self.held_until:%Y-%m-%dT%H:%M:%SZ} "
-                f"({self.held_by}); polling then")
+        until = self.held_until.astimezone(UTC)
+        return (f"{self.registration_id}: keeps the provider's wait until {until:%Y-%m-%dT%H:%M:%SZ} "
+                f"({self.held_by}); its schedule polls then")
 
 
 def request_poll(conn: Connection, registration_ids: Sequence[str] | None = None) -> list[PollRequest]:

@@ -404,6 +404,20 @@ def test_an_etag_a_cursor_can_carry_is_kept_for_the_next_request(world):
     assert GitHubCursor.decode(fetch(world.adapter(), _SAME_SINCE).next_cursor).etag == 'W/"0a1b"'
 
 
+def test_a_permission_403_dated_with_a_budget_left_holds_nothing(world, pool):
+    (ref,) = world.add_issues(1)
+    reset = str(int(world.state.clock.now().timestamp()) + 3600)
+    world.state.faults.push("create_comment", Fault(status=403, body={"message": "Resource not accessible by "
+                                                                                 "integration"},
+                                                    headers={"x-ratelimit-remaining": "4999",
+                                                             "x-ratelimit-reset": reset}))
+    gates = gates_of(pool)
+    result, _ = executor().close(on_sim_clock(world, gates), close_command(ref))
+    assert isinstance(result, CloseFailure) and (result.retry_class, result.reason) == ("terminal", "authorization")
+    with pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM provider_gates WHERE held_until > now()").fetchone() == (0,)
+
+
 def test_a_rate_limit_reset_beyond_any_clock_is_a_days_wait(world, pool):
     world.state.faults.push("list_issues", Fault(status=200, body=[], headers={
         "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9" * 400}))
