@@ -92,3 +92,9 @@ def stated_wait(response: httpx.Response, limit_statuses: frozenset[int],
     if response.status_code == 429 or "rate limit" in _message(response).lower():
         return StatedWait(MIN_LIMIT_WAIT_S, "a limit answer naming no wait: at least a minute")
     return None
+
+
+def wait_seconds(response: httpx.Response, limit_statuses: frozenset[int], now: float | None = None) -> float | None:
+    """The stated wait in seconds (what a throttled failure carries), or None."""
+    wait = stated_wait(response, limit_statuses, now)
+    return None if wait is None else wait.seconds

@@ -15,7 +15,7 @@ import httpx
 
 from nexus_pipelines.connectors.github.app_auth import ProviderClock, refusal
 from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem
-from nexus_pipelines.connectors.rate_limits import stated_wait
+from nexus_pipelines.connectors.rate_limits import wait_seconds
 
 LIMIT_STATUSES = frozenset({403, 429})
 CONTENT_WRITES_PER_MINUTE = 80
@@ -28,9 +28,9 @@ def status_problem(response: httpx.Response, what: str, clock: ProviderClock) ->
     if moved is not None:
         return moved
     if status in LIMIT_STATUSES:
-        wait = stated_wait(response, LIMIT_STATUSES, now=clock.now())
+        wait = wait_seconds(response, LIMIT_STATUSES, now=clock.now())
         if wait is not None:
-            return Problem("retryable", "throttled", f"{what}: HTTP {status} rate limit: {said}"[:250], wait.seconds)
+            return Problem("retryable", "throttled", f"{what}: HTTP {status} rate limit: {said}"[:250], wait)
     if status == 401:
         return Problem("terminal", "authentication", f"{what}: HTTP 401 {said}: the installation token was refused "
                                                      "(revoked or expired); the next attempt mints a new one")

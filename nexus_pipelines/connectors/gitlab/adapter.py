@@ -51,7 +51,7 @@ from nexus_pipelines.connectors.provider_http import (
     served_at,
 )
 from nexus_pipelines.connectors.provider_gate import GatePolicy
-from nexus_pipelines.connectors.rate_limits import stated_wait
+from nexus_pipelines.connectors.rate_limits import wait_seconds
 from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of
 
 KIND = "gitlab"
@@ -116,8 +116,7 @@ def _status_problem(response: httpx.Response, what: str) -> Problem:
         return Problem("terminal", "authorization", f"{what}: HTTP 403; the token lacks the api scope or the "
                                                      "Planner role")
     if status == 429:
-        wait = stated_wait(response, LIMIT_STATUSES)
-        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait.seconds if wait else None)
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait_seconds(response, LIMIT_STATUSES))
     return other_status_problem(response, what)
 
 

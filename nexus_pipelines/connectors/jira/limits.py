@@ -15,7 +15,7 @@ import json
 import httpx
 
 from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem
-from nexus_pipelines.connectors.rate_limits import stated_wait
+from nexus_pipelines.connectors.rate_limits import wait_seconds
 
 SCOPE_REFUSAL = "scope does not match"
 
@@ -46,6 +46,5 @@ def status_problem(response: httpx.Response, what: str) -> Problem:
         return Problem("terminal", "authorization", f"{what}: HTTP 403: the account lacks a project permission "
                                                     "(Browse projects, Add comments, Transition issues)")
     if status == 429:
-        wait = stated_wait(response, LIMIT_STATUSES)
-        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait.seconds if wait else None)
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait_seconds(response, LIMIT_STATUSES))
     return other_status_problem(response, what)
