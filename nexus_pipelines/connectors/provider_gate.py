@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import psycopg
 from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.connectors.rate_limits import stated_wait
@@ -28,6 +29,7 @@ from nexus_pipelines.redaction import one_line
 
 WRITE_WINDOW = timedelta(seconds=60)
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+UNREADABLE_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -124,7 +126,12 @@ class Gate:
         self.policy = policy
 
     def admit(self, request: httpx.Request) -> None:
-        held = self._gates.admit(self.policy, write=request.method not in SAFE_METHODS)
+        try:
+            held = self._gates.admit(self.policy, write=request.method not in SAFE_METHODS)
+        except psycopg.OperationalError:
+            # no request goes out unasked: a control plane that cannot answer holds it briefly
+            raise GateClosed(f"{self.policy.key}: the provider gate could not be read (control plane unreachable); "
+                             "nothing was sent", wait_s=UNREADABLE_WAIT_S, request=request) from None
         if held is not None:
             raise GateClosed(f"{held.line()}; nothing was sent", wait_s=held.wait_s, request=request)
 
@@ -132,5 +139,12 @@ class Gate:
         if response.status_code in self.policy.limit_statuses:
             response.read()  # its message says whether a GitHub 403 is a limit (a refusal's body is small)
         wait = stated_wait(response, self.policy.limit_statuses)
-        if wait is not None:
+        if wait is None:
+            return
+        try:
             self._gates.hold(self.policy.key, wait.seconds, f"HTTP {response.status_code} {wait.said}")
+        except psycopg.OperationalError:
+            # the answer still reaches the adapter, whose throttled result carries this wait for
+            # its own work; the next request asks the gate, and a control plane that cannot
+            # answer then holds it too
+            pass

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import httpx
 import pytest
 
 from nexus_pipelines.connectors.core import store
@@ -133,3 +134,16 @@ def test_new_processes_know_a_wait_another_process_learned_and_send_nothing(tmp_
         assert all(r["retry_after_seconds"] > 60 for r in results)
     finally:
         stop()
+
+
+def test_a_gate_the_control_plane_cannot_answer_sends_nothing_and_says_why(control_dsn):
+    from nexus_pipelines.control.db import make_pool
+    from nexus_pipelines.integrations.http import GateClosed
+
+    closed = make_pool(control_dsn, max_size=1)
+    closed.close()
+    gate = ProviderGates(closed).gate(GatePolicy.for_origin("https://gitlab.example", "token env:T", frozenset({429})))
+    with pytest.raises(GateClosed, match="could not be read.*nothing was sent") as held:
+        gate.admit(httpx.Request("GET", "https://gitlab.example/api/v4/projects/1/issues"))
+    assert held.value.wait_s == 5.0
+    gate.observe(httpx.Response(429, headers={"Retry-After": "30"}))  # the answer still reaches the adapter
