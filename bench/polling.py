@@ -166,12 +166,14 @@ def _sensor_tick_ms(dsn: str, pool, world, folder: Path) -> float:
 def _plant(pool, world, operation_of):
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.registry import ComposeContext
+    from nexus_pipelines.connectors.provider_gate import ProviderGates
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.local.worlds.plant import Plant, executor
 
     timed = TimedTransport(world.transport, operation_of)
     plant = Plant(world, pool)
-    plant.composer = CachedComposer(REGISTRY, ComposeContext(transport=timed), environ=world.environ)
+    plant.composer = CachedComposer(REGISTRY, ComposeContext(transport=timed, gates=ProviderGates(pool)),
+                                    environ=world.environ)
     plant.handlers = type(plant.handlers)(pool, REGISTRY, plant.composer, executor_factory=executor)
     return plant, timed
 

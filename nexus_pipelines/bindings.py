@@ -12,6 +12,8 @@ from __future__ import annotations
 from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.connectors.core.compose import CachedComposer
+from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.provider_gate import ProviderGates
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
@@ -21,7 +23,8 @@ QUEUE_CLASSES: tuple[str, ...] = ("default",)
 
 
 def build_handler_registry(pool: ConnectionPool) -> HandlerRegistry:
-    return HandlerRegistry(TicketHandlers(pool, REGISTRY, CachedComposer(REGISTRY)).as_dict())
+    composer = CachedComposer(REGISTRY, ComposeContext(gates=ProviderGates(pool)))
+    return HandlerRegistry(TicketHandlers(pool, REGISTRY, composer).as_dict())
 
 
 def build_route_table() -> dict[str, Route]:

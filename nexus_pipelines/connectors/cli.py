@@ -6,7 +6,7 @@ import json
 
 import click
 
-from nexus_pipelines.cli_common import UserError, control_connection, operator
+from nexus_pipelines.cli_common import UserError, control_connection, control_dsn, operator
 
 
 def _registrations(*, at_least_one: bool = False):
@@ -137,23 +137,31 @@ def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> Non
     from nexus_pipelines.connectors.core import store
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.executor import RetryExecutor
+    from nexus_pipelines.connectors.core.registry import ComposeContext
     from nexus_pipelines.connectors.core.tick import poll
+    from nexus_pipelines.connectors.provider_gate import ProviderGates
     from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.workqueue.receipts import route_receipts
 
     ids = [r.registration_id for r in _select(keys)] if keys else None
-    composer = CachedComposer(REGISTRY)
-    try:
-        with control_connection() as conn:
-            if not store.request_poll(conn, ids):
+    with control_connection() as conn:
+        pool = make_pool(control_dsn(), max_size=2)  # for the provider gates, shared with every process
+        composer = CachedComposer(REGISTRY, ComposeContext(gates=ProviderGates(pool)))
+        try:
+            requested = store.request_poll(conn, ids)
+            if not requested:
                 raise UserError("no active registration revision to poll: run `nexus-pipelines connectors activate`")
+            for held in (r for r in requested if r.held_until is not None):
+                click.echo(held.line())
             report = poll(conn, REGISTRY, composer, owner=owner(), executor=RetryExecutor(), registration_ids=ids,
                           max_ticks=max_ticks, time_budget_s=time_budget_s)
             routed = 0
             while (step := route_receipts(conn, build_route_table(), owner=owner(), limit=500)).claimed:
                 routed += step.materialized
-    finally:
-        composer.close()
+        finally:
+            composer.close()
+            pool.close()
     for tick in report.ticks:
         if tick.outcome != "page":
             click.echo(f"{tick.revision_id}: {tick.outcome}: {tick.failure} (next poll in {tick.retry_in_s}s)")

@@ -27,7 +27,7 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorAttempt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout, origin_of
+from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, GateClosed, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
 
 
@@ -45,6 +45,8 @@ def exception_problem(exc: Exception) -> Problem:
     name = type(exc).__name__
     if isinstance(exc, EgressRefused):
         return Problem("terminal", "contract_violation", one_line(str(exc), 200))
+    if isinstance(exc, GateClosed):
+        return Problem("retryable", "throttled", one_line(str(exc), 250), exc.wait_s)
     if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
         return Problem("retryable", "timeout", f"{name}: nothing was sent")
     if isinstance(exc, httpx.TimeoutException):

@@ -15,6 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
+from typing import Protocol
 
 import httpx
 
@@ -25,6 +26,22 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 
 class EgressRefused(httpx.TransportError):
     """A request named an origin this client may not call; nothing was sent."""
+
+
+class GateClosed(httpx.TransportError):
+    """The provider's stated wait is in force for this request's gate; nothing was sent."""
+
+    def __init__(self, message: str, *, wait_s: float, request: httpx.Request) -> None:
+        super().__init__(message, request=request)
+        self.wait_s = wait_s
+
+
+class RequestGate(Protocol):
+    """Asked before a request goes out (`admit` raises GateClosed to hold it) and told every answer."""
+
+    def admit(self, request: httpx.Request) -> None: ...
+
+    def observe(self, response: httpx.Response) -> None: ...
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -74,18 +91,23 @@ class CallCounter:
 
 
 class GuardedTransport(httpx.BaseTransport):
-    """Refuses origins outside the allow-list and counts every request that goes out."""
+    """Refuses origins outside the allow-list, asks the gate (if any), and counts every
+    request that goes out; a request the gate holds is not counted, since it never left."""
 
-    def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter) -> None:
+    def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter,
+                 gate: RequestGate | None = None) -> None:
         self._inner = inner
         self._allowed = frozenset(origin_of(o) for o in allowed_origins)
         self._counter = counter
+        self._gate = gate
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         origin = origin_of(request.url)
         if origin not in self._allowed:
             raise EgressRefused(f"refused a request to {origin}: this client may only call "
                                 f"{', '.join(sorted(self._allowed))}", request=request)
+        if self._gate is not None:
+            self._gate.admit(request)
         endpoint = str(request.extensions.get(ENDPOINT) or request.method)
         try:
             response = self._inner.handle_request(request)
@@ -93,6 +115,8 @@ class GuardedTransport(httpx.BaseTransport):
             self._counter.add(endpoint, type(exc).__name__)
             raise
         self._counter.add(endpoint, f"status_{response.status_code}")
+        if self._gate is not None:
+            self._gate.observe(response)
         return response
 
     def close(self) -> None:
@@ -109,10 +133,12 @@ def make_client(
     headers: Mapping[str, str] | None = None,
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,
     limits: httpx.Limits = DEFAULT_LIMITS,
+    gate: RequestGate | None = None,
 ) -> httpx.Client:
-    """A client that may call `base_url`'s origin (and `allowed_origins`) and nothing else."""
+    """A client that may call `base_url`'s origin (and `allowed_origins`) and nothing else,
+    each request first admitted by `gate` when one is given."""
     inner = transport if transport is not None else httpx.HTTPTransport(limits=limits)
-    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter())
+    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter(), gate)
     return httpx.Client(
         base_url=base_url, transport=guarded, auth=auth, headers=dict(headers or {}), timeout=timeout,
         follow_redirects=False,

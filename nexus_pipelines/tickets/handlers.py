@@ -7,7 +7,8 @@
   executor, and stores the one receipt. A later dispatch of the same command always
   asks the adapter to look for the marker before it writes (`reconcile_first`), so a
   crash, a lost lease or a replay never posts a second comment. A retryable failure is
-  retried by the queue no sooner than the provider asked; a terminal failure or an
+  retried by the queue no sooner than the provider asked (a throttled one, held by the
+  provider's gate or refused by the provider, spends no attempt); a terminal failure or an
   ambiguous write dead-letters the item (an operator replays it after looking; the
   replay reconciles first).
 """
@@ -35,7 +36,7 @@ from nexus_pipelines.connectors.core.values import (
 from nexus_pipelines.tickets.intake import CustodyKey, apply_observation
 from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
 from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence
-from nexus_pipelines.workqueue.handlers import Handler, PermanentError, RetryLater
+from nexus_pipelines.workqueue.handlers import Deferred, Handler, PermanentError, RetryLater
 from nexus_pipelines.workqueue.receipts import ClaimedReceipt, EventSpec, Route, WorkSpec
 
 OBSERVE_WORK_TYPE = "ticket.observe"
@@ -146,6 +147,9 @@ class TicketHandlers:
             label = result.kind if isinstance(result, AmbiguousWrite) else f"{result.retry_class}:{result.reason}"
             self._status(conn, command_id, status, label, result.detail)
         detail = f"close {command_id}: {label}" + (f" ({result.detail})" if result.detail else "")
+        if isinstance(result, CloseFailure) and result.reason == "throttled":
+            # the provider's wait (or its gate's), not the item's failure: it spends no attempt
+            raise Deferred(detail, result.retry_after_seconds or 0.0)
         if isinstance(result, CloseFailure) and result.retry_class == "retryable":
             raise RetryLater(detail, result.retry_after_seconds or 0.0)
         raise PermanentError(detail + ("; inspect the issue, then replay the work item: the replay looks for "

@@ -137,7 +137,9 @@ class ClaimedItem:
 
 @dataclass(frozen=True, slots=True)
 class Failure:
-    """A failed attempt: retry after `delay_s` unless `terminal` or the budget is spent."""
+    """A failed attempt: retry after `delay_s` unless `terminal` or the budget is spent.
+    An `uncounted` attempt sent nothing (a provider's wait held it): it is counted as
+    unstarted, so it spends none of the budget."""
 
     work_id: int
     token: int
@@ -145,6 +147,7 @@ class Failure:
     summary: str
     delay_s: float = 0.0
     terminal: bool = False
+    uncounted: bool = False
 
 
 class LaneRaceLost(list):
@@ -373,7 +376,7 @@ RETURNING w.work_id
 # One failed attempt each: retry after its delay, or dead when terminal or when the
 # attempts that may have dispatched have spent the budget. Used for handler failures
 # (lease held) and for reclaims (lease expired, counted as a reclaim).
-_SPENT = "(d.terminal OR w.attempts - w.unstarted_attempts >= w.max_attempts)"
+_SPENT = "(d.terminal OR (NOT d.uncounted AND w.attempts - w.unstarted_attempts >= w.max_attempts))"
 _FAILURES = """
 UPDATE connector_work_items w
    SET state = CASE WHEN {spent} THEN '{dead}' ELSE '{retry}' END,
@@ -383,12 +386,13 @@ UPDATE connector_work_items w
        failure_class = d.failure_class,
        failure_summary = d.summary,
        reclaims = w.reclaims + {reclaimed},
+       unstarted_attempts = w.unstarted_attempts + d.uncounted::int,
        lease_until = NULL,
        updated_at = now()
   FROM held
   JOIN unnest(%(ids)s::bigint[], %(classes)s::text[], %(summaries)s::text[], %(delays)s::float8[],
-              %(terminal)s::boolean[])
-       AS d(work_id, failure_class, summary, delay_s, terminal) ON d.work_id = held.work_id
+              %(terminal)s::boolean[], %(uncounted)s::boolean[])
+       AS d(work_id, failure_class, summary, delay_s, terminal, uncounted) ON d.work_id = held.work_id
  WHERE w.work_id = held.work_id
 RETURNING w.work_id, w.state
 """
@@ -516,6 +520,7 @@ def _failure_params(failures: Sequence[Failure]) -> dict[str, list]:
         "summaries": [sanitize_summary(f.summary) for f in ordered],
         "delays": [max(float(f.delay_s), 0.0) for f in ordered],
         "terminal": [bool(f.terminal) for f in ordered],
+        "uncounted": [bool(f.uncounted) for f in ordered],
     }
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from psycopg import Connection
 
 from nexus_pipelines.workqueue.claims import ClaimedItem, Failure
-from nexus_pipelines.workqueue.handlers import HandlerRegistry, PermanentError, RetryLater
+from nexus_pipelines.workqueue.handlers import Deferred, HandlerRegistry, PermanentError, RetryLater
 from nexus_pipelines.workqueue.retry import RetryPolicy, summarize_exception
 from nexus_pipelines.workqueue.session import ControlSession
 
@@ -44,7 +44,7 @@ def run_handler(registry: HandlerRegistry, item: ClaimedItem) -> HandlerResult:
 
 def failure_for(item: ClaimedItem, exc: BaseException, policy: RetryPolicy) -> Failure:
     """The failed attempt to record: dead at once for a PermanentError, else retried after
-    the policy's backoff (no sooner than a RetryLater's delay)."""
+    the policy's backoff (no sooner than a RetryLater's delay); a Deferred one is uncounted."""
     permanent = isinstance(exc, PermanentError)
     delay = policy.delay(item.attempts)
     if isinstance(exc, RetryLater):
@@ -56,6 +56,7 @@ def failure_for(item: ClaimedItem, exc: BaseException, policy: RetryPolicy) -> F
         summarize_exception(exc),
         delay,
         terminal=permanent,
+        uncounted=isinstance(exc, Deferred),
     )
 
 

@@ -6,7 +6,7 @@ both claim paths: `item.claim_path` says which one runs it, and `item.work_id` n
 the logical work on either, so effects keyed by it are written once. It returns an outcome
 string (or None for "succeeded"); raising `PermanentError` dead-letters the item,
 `RetryLater` retries it no sooner than the delay it names (a provider's Retry-After),
-any other exception is a retryable failure with the policy's backoff. A handler should check `item.lease_lost.is_set()` between
+`Deferred` does too without spending an attempt (nothing was sent), any other exception is a retryable failure with the policy's backoff. A handler should check `item.lease_lost.is_set()` between
 steps: the worker sets it when a renewal finds the lease gone, and from then on the
 item's result is discarded.
 
@@ -33,6 +33,11 @@ class RetryLater(Exception):
     def __init__(self, message: str, delay_s: float) -> None:
         super().__init__(message)
         self.delay_s = max(float(delay_s), 0.0)
+
+
+class Deferred(RetryLater):
+    """Nothing was sent (a provider's stated wait is in force): retry after `delay_s`, and
+    the attempt is counted as unstarted, so it spends none of the item's attempt budget."""
 
 
 def _noop(item: ClaimedItem) -> None:

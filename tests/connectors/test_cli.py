@@ -7,6 +7,7 @@ import json
 from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
+from nexus_pipelines.local.simulators.gitlab import RateLimit
 from tests.connectors.served import serve_gitlab
 from nexus_pipelines.local.worlds.tokens import gitlab_token
 
@@ -86,3 +87,20 @@ def test_errors_are_one_line_and_name_what_to_do(tmp_path, control_dsn):
     assert down.exit_code == 1 and "cannot reach the control plane at 127.0.0.1:1/x" in down.output
     assert "hunter2pw" not in down.output and len(down.output.strip().splitlines()) == 1
     assert "no single registration" in CliRunner().invoke(main, ["connectors", "poll", "nope"], env=env).output
+
+
+def test_a_manual_poll_keeps_the_providers_known_wait_and_says_so_in_one_line(tmp_path, control_dsn):
+    served, stop = serve_gitlab(tmp_path, key="cli-limited", token=TOKEN)
+    env = {"NEXUS_PG_DSN": control_dsn, "NEXUS_CONNECTORS_DIR": str(served.folder), served.token_env: TOKEN}
+    try:
+        served.state.add_issue(served.registration.provider.project_id, title="limited")
+        assert cli(env, "connectors", "activate", "cli-limited").exit_code == 0
+        served.state.rate_limit = RateLimit(limit=0, window_s=3600)
+        throttled = cli(env, "connectors", "poll", "cli-limited")
+        assert "failure: throttled" in throttled.output and "0 pages" in throttled.output
+        again = cli(env, "connectors", "poll", "cli-limited")
+        (kept,) = [line for line in again.output.splitlines() if "keeps the provider's wait" in line]
+        assert kept.startswith("acme/cli-limited: keeps the provider's wait until ") and "HTTP 429" in kept
+        assert served.state.limited_calls == 0 and again.exit_code == 0  # nothing was sent into the limit
+    finally:
+        stop()

@@ -204,6 +204,25 @@ def test_secondary_limits_on_content_creation(state, client, retry_after):
     assert refused.headers.get("retry-after") == (str(retry_after) if retry_after else None)
 
 
+def test_a_secondary_limit_blocks_the_installations_creation_from_every_client_until_its_retry_after(state):
+    seed(state, 1)
+    state.secondary = SecondaryLimit(creations=2, retry_after=45)
+    clients = [httpx.Client(base_url="https://api.github.test", transport=SimulatorTransport(GitHubSimulator(state)),
+                            headers=HEADERS) for _ in range(2)]
+    for c in clients:
+        authed(c)  # two tokens of one installation
+    comment = lambda c: c.post("/repos/acme/app/issues/1/comments", json={"body": "x"})  # noqa: E731
+    assert [comment(c).status_code for c in clients] == [201, 201]
+    first = comment(clients[0])
+    assert first.status_code == 403 and first.headers["retry-after"] == "45" and state.limited_calls == 0
+    state.clock.advance(30)
+    again = comment(clients[1])  # the other client, while the block holds: refused and counted
+    assert again.status_code == 403 and again.headers["retry-after"] == "15" and state.limited_calls == 1
+    assert clients[1].get("/repos/acme/app/issues/1").status_code == 200  # reads are not content creation
+    state.clock.advance(31)  # the block is over and the minute's two creations have aged out
+    assert comment(clients[1]).status_code == 201
+
+
 def test_a_renamed_repository_answers_301_to_reads_and_307_to_writes(state, client):
     authed(client)
     seed(state, 1)

@@ -141,6 +141,16 @@ def test_rate_limits_answer_429_with_gitlabs_headers(state, client):
     assert limited.headers["RateLimit-Remaining"] == "0" and int(limited.headers["Retry-After"]) > 0
     assert {"ratelimit-limit", "ratelimit-reset", "ratelimit-resettime", "ratelimit-observed"} <= set(limited.headers)
     assert "Date" in limited.headers
+    assert state.limited_calls == 1  # the request after the window's first 429
+
+
+def test_a_token_limit_is_shared_by_every_client_of_the_token(state):
+    state.rate_limit = RateLimit(limit=1)
+    clients = [httpx.Client(base_url="https://gitlab.test/api/v4", headers={"PRIVATE-TOKEN": TOKEN},
+                            transport=SimulatorTransport(GitLabSimulator(state))) for _ in range(2)]
+    assert [c.get("/projects/1/issues").status_code for c in clients] == [200, 429]
+    assert state.limited_calls == 0 and clients[0].get("/projects/1/issues").status_code == 429
+    assert state.limited_calls == 1
 
 
 def test_the_served_app_answers_like_the_in_process_transport(state, tmp_path):

@@ -186,6 +186,7 @@ def test_the_rate_limit_answers_429_with_retry_after_and_the_reset_minute(state,
     assert int(limited.headers["Retry-After"]) > 0 and limited.headers["X-RateLimit-Remaining"] == "0"
     assert limited.headers["RateLimit-Reason"] == "jira-quota-based"
     assert datetime.strptime(limited.headers["X-RateLimit-Reset"], "%Y-%m-%dT%H:%MZ")
+    assert state.limited_calls == 1  # the request after the window's first 429
 
 
 def test_every_answer_is_dated_by_the_simulators_clock(state, client):

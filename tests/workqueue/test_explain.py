@@ -130,9 +130,11 @@ def test_fenced_hot_paths_are_driven_by_the_primary_key(big_queue, statement):
     params = {
         "ids": list(ids), "tokens": list(tokens), "ttl": timedelta(seconds=30), "outcome": "succeeded",
         "classes": ["e"] * 100, "summaries": ["s"] * 100, "delays": [1.0] * 100, "terminal": [False] * 100,
+        "uncounted": [False] * 100,
     }
     types = {"ids": "bigint[]", "tokens": "bigint[]", "ttl": "interval", "outcome": "text", "classes": "text[]",
-             "summaries": "text[]", "delays": "float8[]", "terminal": "boolean[]"}
+             "summaries": "text[]", "delays": "float8[]", "terminal": "boolean[]",
+             "uncounted": "boolean[]"}
     scans = _generic_plan_scans(big_queue, sql, params, types)
     on_items = {s for s in scans if s[1] == "connector_work_items" and s[0] != "ModifyTable"}
     assert on_items and all(s[2] == "connector_work_items_pkey" for s in on_items), scans

@@ -15,6 +15,7 @@ import httpx
 from pydantic import BaseModel, SecretStr
 
 from nexus_pipelines.connectors.core.protocol import IssueConnector
+from nexus_pipelines.connectors.provider_gate import Gate, GatePolicy, ProviderGates
 from nexus_pipelines.integrations.http import CallCounter
 from nexus_pipelines.connectors.core.values import KIND_PATTERN
 
@@ -22,11 +23,17 @@ from nexus_pipelines.connectors.core.values import KIND_PATTERN
 @dataclass(frozen=True)
 class ComposeContext:
     """What the composition root hands a factory besides config and resolved secrets: an
-    injected transport (the simulators, in tests) or None for the real network, and the
-    call counter the adapter's HTTP client reports to."""
+    injected transport (the simulators, in tests) or None for the real network, the call
+    counter the adapter's HTTP client reports to, and the control plane's provider gates
+    (every composer of the code location passes them; None only for an adapter tested on
+    its own answers)."""
 
     transport: httpx.BaseTransport | None = None
     counter: CallCounter | None = None
+    gates: ProviderGates | None = None
+
+    def gate(self, policy: GatePolicy) -> Gate | None:
+        return self.gates.gate(policy) if self.gates is not None else None
 
 
 Factory = Callable[[BaseModel, Mapping[str, SecretStr], ComposeContext], IssueConnector]

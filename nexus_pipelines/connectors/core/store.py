@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from psycopg import Connection
 from psycopg.types.json import Jsonb
@@ -249,6 +249,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
                       next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s)
                                           ELSE now() END,
                       lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
+                      throttled_until = NULL,
                       pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
                 WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
                   AND lease_token = %(token)s""",
@@ -264,12 +265,14 @@ def _delivery_id(version: IssueVersion) -> str:
 
 
 def record_failure(conn: Connection, claim: PollClaim, *, failure_class: str, reason: str, detail: str,
-                   delay_s: float) -> None:
-    """Count the failure and schedule the next poll `delay_s` from now; the cursor stays put."""
+                   delay_s: float, throttled_s: float | None = None) -> None:
+    """Count the failure and schedule the next poll `delay_s` from now; the cursor stays put.
+    `throttled_s` is the provider's stated wait, kept for a manual poll (`request_poll`)."""
     r = claim.registration
     with conn.transaction():
         _hold(conn, claim)
-        _schedule_failure(conn, r.tenant, r.key, r.revision_id, claim.token, failure_class, reason, detail, delay_s)
+        _schedule_failure(conn, r.tenant, r.key, r.revision_id, claim.token, failure_class, reason, detail, delay_s,
+                          throttled_s)
 
 
 def record_unreadable(conn: Connection, unreadable: UnreadableRevision, *, delay_s: float) -> bool:
@@ -282,16 +285,18 @@ def record_unreadable(conn: Connection, unreadable: UnreadableRevision, *, delay
 
 
 def _schedule_failure(conn: Connection, tenant: str, key: str, revision_id: str, token: int, failure_class: str,
-                      reason: str, detail: str, delay_s: float) -> bool:
+                      reason: str, detail: str, delay_s: float, throttled_s: float | None = None) -> bool:
     return conn.execute(
         """UPDATE connector_progress
               SET failure_count = failure_count + 1, last_failure_class = %(cls)s, last_failure_reason = %(reason)s,
                   last_failure_detail = %(detail)s, last_failure_at = now(),
                   next_poll_at = now() + make_interval(secs => %(delay)s),
+                  throttled_until = now() + make_interval(secs => %(throttled)s::float8),
                   lease_owner = NULL, lease_until = NULL, updated_at = now()
             WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
               AND lease_token = %(token)s AND lease_until > now()""",
         {"cls": failure_class, "reason": reason, "detail": one_line(detail, 300), "delay": max(delay_s, 0.0),
+         "throttled": None if throttled_s is None else max(throttled_s, 0.0),
          "tenant": tenant, "key": key, "rev": revision_id, "token": token},
     ).rowcount == 1
 
@@ -355,13 +360,35 @@ def due_registrations(conn: Connection, limit: int = 1000) -> list[tuple[str, st
     ).fetchall()
 
 
-def request_poll(conn: Connection, registration_ids: Sequence[str] | None = None) -> int:
-    """Make active revisions due now (a manual poll); a held lease is left alone."""
+@dataclass(frozen=True)
+class PollRequest:
+    """One revision a manual poll made due: now, or at the provider's wait a throttled poll
+    learned (`held_until`, with the failure that named it), never earlier."""
+
+    registration_id: str
+    revision_id: str
+    held_until: datetime | None
+    held_by: str | None
+
+    def line(self) -> str:
+        until = self.held_until.astimezone(UTC)
+        return (f"{self.registration_id}: keeps the provider's wait until {until:%Y-%m-%dT%H:%M:%SZ} "
+                f"({self.held_by}); its schedule polls then")
+
+
+def request_poll(conn: Connection, registration_ids: Sequence[str] | None = None) -> list[PollRequest]:
+    """Make active revisions due now (a manual poll), except that a provider's known wait is
+    kept; a held lease is left alone."""
     only = "AND (p.tenant || '/' || p.registration_key) = ANY(%s::text[])" if registration_ids else ""
-    return conn.execute(
-        f"""UPDATE connector_progress p SET next_poll_at = now(), updated_at = now()
+    rows = conn.execute(
+        f"""UPDATE connector_progress p
+               SET next_poll_at = greatest(now(), coalesce(p.throttled_until, now())), updated_at = now()
               FROM connector_registrations r
              WHERE (r.tenant, r.registration_key, r.revision_id) = (p.tenant, p.registration_key, p.revision_id)
-               AND r.status = 'active' {only}""",
+               AND r.status = 'active' {only}
+         RETURNING p.tenant || '/' || p.registration_key, p.revision_id,
+                   CASE WHEN p.throttled_until > now() THEN p.throttled_until END,
+                   CASE WHEN p.throttled_until > now() THEN p.last_failure_reason || ': ' || p.last_failure_detail END""",
         (list(registration_ids),) if registration_ids else (),
-    ).rowcount
+    ).fetchall()
+    return [PollRequest(*row) for row in rows]

@@ -155,7 +155,8 @@ def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_cl
     report.outcome, report.failure_class, report.failure = "failure", retry_class, f"{reason}: {detail}".rstrip(": ")
     report.retry_in_s = round(delay, 3)
     try:
-        store.record_failure(conn, claim, failure_class=retry_class, reason=reason, detail=detail, delay_s=delay)
+        store.record_failure(conn, claim, failure_class=retry_class, reason=reason, detail=detail, delay_s=delay,
+                             throttled_s=retry_after if reason == "throttled" else None)
     except store.PollLeaseLost as exc:
         report.outcome, report.failure = "lost", str(exc)
     return report

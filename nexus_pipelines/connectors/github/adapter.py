@@ -52,7 +52,7 @@ from nexus_pipelines.connectors.github.app_auth import (
 from nexus_pipelines.connectors.github.closeback import CloseBack
 from nexus_pipelines.connectors.github.config import GitHubConfig
 from nexus_pipelines.connectors.github.cursor import CursorError, GitHubCursor, format_time
-from nexus_pipelines.connectors.github.limits import RateGate, status_problem
+from nexus_pipelines.connectors.github.limits import CONTENT_WRITES_PER_MINUTE, LIMIT_STATUSES, status_problem
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
@@ -64,6 +64,7 @@ from nexus_pipelines.connectors.provider_http import (
     send,
     served_at,
 )
+from nexus_pipelines.connectors.provider_gate import GatePolicy
 from nexus_pipelines.connectors.scan_cursor import holdable
 from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
 
@@ -148,11 +149,12 @@ class GitHubConnector:
         self._origin = origin_of(config.api_url)
         self._prefix = httpx.URL(config.api_url).path.rstrip("/")
         self._clock = ProviderClock(clock)
-        self._gate = RateGate(self._clock)
         self._installation = Installation(config.app_id, config.installation_id, config.repository_id)
         self._token = InstallationToken(self._installation, self._clock)
+        gate = context.gate(GatePolicy.for_origin(config.api_url, f"installation {config.installation_id}",
+                                                  LIMIT_STATUSES, CONTENT_WRITES_PER_MINUTE))
         self._http = make_client(
-            config.api_url, transport=context.transport, counter=context.counter,
+            config.api_url, transport=context.transport, counter=context.counter, gate=gate,
             headers={"Accept": "application/vnd.github+json", "User-Agent": "nexus-pipelines",
                      "X-GitHub-Api-Version": API_VERSION},
         )
@@ -166,10 +168,7 @@ class GitHubConnector:
     # -- requests and credentials ---------------------------------------------------
 
     def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
-        """One request under the deadline, the rate gate and a fresh installation token."""
-        closed = self._gate.closed(endpoint)
-        if closed is not None:
-            return closed
+        """One request under the deadline, the installation's gate and a fresh installation token."""
         if not self._token.fresh():
             problem = self.mint(deadline)
             if problem is not None:
@@ -185,7 +184,6 @@ class GitHubConnector:
         if isinstance(response, Problem):
             return response
         self._clock.observe(response)
-        self._gate.observe(response)
         return response
 
     def mint(self, deadline: Deadline) -> Problem | None:

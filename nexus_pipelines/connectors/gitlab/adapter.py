@@ -12,7 +12,6 @@ the close, the issue's state is read). A 3xx (a moved project) is never followed
 
 from __future__ import annotations
 
-import email.utils
 from datetime import datetime
 from typing import Literal
 
@@ -51,7 +50,9 @@ from nexus_pipelines.connectors.provider_http import (
     send,
     served_at,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of, parse_retry_after
+from nexus_pipelines.connectors.provider_gate import GatePolicy
+from nexus_pipelines.connectors.rate_limits import wait_seconds
+from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of
 
 KIND = "gitlab"
 MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
@@ -100,17 +101,7 @@ _ONE_ISSUE = TypeAdapter(_Issue)
 
 # -- classification (one table for fetch and close) ------------------------------------
 
-def _throttle_wait(response: httpx.Response) -> float | None:
-    wait = parse_retry_after(response.headers.get("Retry-After"))
-    if wait is not None:
-        return wait
-    reset, date = response.headers.get("RateLimit-Reset", ""), response.headers.get("Date")
-    if reset.isdigit() and date:
-        try:
-            return max(float(reset) - email.utils.parsedate_to_datetime(date).timestamp(), 0.0)
-        except (TypeError, ValueError):
-            return None
-    return None
+LIMIT_STATUSES = frozenset({429})
 
 
 def _status_problem(response: httpx.Response, what: str) -> Problem:
@@ -125,7 +116,7 @@ def _status_problem(response: httpx.Response, what: str) -> Problem:
         return Problem("terminal", "authorization", f"{what}: HTTP 403; the token lacks the api scope or the "
                                                      "Planner role")
     if status == 429:
-        return Problem("retryable", "throttled", f"{what}: HTTP 429", _throttle_wait(response))
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait_seconds(response, LIMIT_STATUSES))
     return other_status_problem(response, what)
 
 
@@ -145,8 +136,10 @@ class GitLabConnector:
         self._origin = origin_of(config.base_url)
         self._prefix = httpx.URL(config.base_url).path.rstrip("/") + "/api/v4"
         self._listing = f"{self._prefix}/projects/{self._project}/issues"
+        # GitLab limits per user and token: the token's reference name is the identity (never its value)
+        gate = context.gate(GatePolicy.for_origin(config.base_url, f"token {config.token}", LIMIT_STATUSES))
         self._http = make_client(
-            config.base_url, transport=context.transport, counter=context.counter,
+            config.base_url, transport=context.transport, counter=context.counter, gate=gate,
             auth=HeaderTokenAuth("PRIVATE-TOKEN", token.get_secret_value),
             headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
         )

@@ -33,7 +33,7 @@ from nexus_pipelines.connectors.jira.adf import to_text
 from nexus_pipelines.connectors.jira.closeback import CloseBack
 from nexus_pipelines.connectors.jira.config import JiraConfig
 from nexus_pipelines.connectors.jira.cursor import CursorError, JiraCursor, earliest_meaning, scan_jql
-from nexus_pipelines.connectors.jira.limits import status_problem
+from nexus_pipelines.connectors.jira.limits import LIMIT_STATUSES, status_problem
 from nexus_pipelines.connectors.jira.payloads import Issue, Search
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
@@ -43,6 +43,7 @@ from nexus_pipelines.connectors.provider_http import (
     send,
     served_at,
 )
+from nexus_pipelines.connectors.provider_gate import GatePolicy
 from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client
 from nexus_pipelines.redaction import basic_credentials
 
@@ -64,8 +65,10 @@ class JiraConnector:
         self._zone = ZoneInfo(config.jql_time_zone)
         self._rest = httpx.URL(config.api_url).path.rstrip("/") + config.rest_prefix
         self._excluded = frozenset(str(i) for i in config.excluded_issue_type_ids)
+        # Jira limits per account: its email (not a secret) is the identity
+        gate = context.gate(GatePolicy.for_origin(config.api_url, f"account {config.email}", LIMIT_STATUSES))
         self._http = make_client(
-            config.api_url, transport=context.transport, counter=context.counter,
+            config.api_url, transport=context.transport, counter=context.counter, gate=gate,
             auth=HeaderTokenAuth("Authorization", _basic(config.email, token), scheme="Basic"),
             headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
         )

@@ -1,7 +1,8 @@
 """Jira Cloud's answers classified (developer.atlassian.com/cloud/jira/platform/rate-limiting).
 
 A rate limit is a 429 with `Retry-After` (seconds) and `X-RateLimit-Reset` (ISO 8601, to
-the minute); a 503 may carry `Retry-After` too but is a transient fault, not a limit. An
+the minute), read by the shared rule (`connectors/rate_limits.py`); a 503 may carry
+`Retry-After` too but is a transient fault, not a limit. An
 API token with scopes that lacks one answers 401 "Unauthorized; scope does not match":
 that is a missing permission, not a bad credential. Jira answers 404 for an issue the
 account may not browse. A 3xx is never followed.
@@ -10,28 +11,16 @@ account may not browse. A 3xx is never followed.
 from __future__ import annotations
 
 import json
-from datetime import datetime
 
 import httpx
 
-from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem, served_at
-from nexus_pipelines.integrations.http import parse_retry_after
+from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem
+from nexus_pipelines.connectors.rate_limits import wait_seconds
 
 SCOPE_REFUSAL = "scope does not match"
 
 
-def throttle_wait(response: httpx.Response) -> float | None:
-    wait = parse_retry_after(response.headers.get("Retry-After"))
-    if wait is not None:
-        return wait
-    served = served_at(response)
-    try:
-        reset = datetime.strptime(response.headers.get("X-RateLimit-Reset", ""), "%Y-%m-%dT%H:%MZ")
-    except ValueError:
-        return None
-    if served is None:
-        return None
-    return max((reset.replace(tzinfo=served.tzinfo) - served).total_seconds(), 0.0)
+LIMIT_STATUSES = frozenset({429})  # a 503 with Retry-After is a transient fault, not a limit
 
 
 def _scope_refused(response: httpx.Response) -> bool:
@@ -57,5 +46,5 @@ def status_problem(response: httpx.Response, what: str) -> Problem:
         return Problem("terminal", "authorization", f"{what}: HTTP 403: the account lacks a project permission "
                                                     "(Browse projects, Add comments, Transition issues)")
     if status == 429:
-        return Problem("retryable", "throttled", f"{what}: HTTP 429", throttle_wait(response))
+        return Problem("retryable", "throttled", f"{what}: HTTP 429", wait_seconds(response, LIMIT_STATUSES))
     return other_status_problem(response, what)

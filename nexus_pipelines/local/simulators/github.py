@@ -29,8 +29,12 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
   writes, with a `Location` under `/repositories/{id}`.
 * Rate limits with GitHub's headers: a primary budget per installation (403 with
   `x-ratelimit-remaining: 0` until `x-ratelimit-reset`; `x-ratelimit-*` on every
-  answer), a secondary limit on content creation (403 with `retry-after`, or with only
-  a message). `limited_calls` counts requests that arrived while the budget was spent.
+  answer), a secondary limit on content creation: the creation past `creations` in any
+  60 s (per installation, whichever client or process sends it) blocks the
+  installation's content creation for `retry_after` seconds (a minute when GitHub sends
+  only the message), and every creation meanwhile is refused again (403 with the
+  remaining `retry-after`, or only the message). `limited_calls` counts requests that
+  arrived while a limit was already in force (the primary budget spent, a block).
 * The fault rows every simulator shares (`FaultQueue`, per operation name).
 """
 
@@ -187,7 +191,8 @@ class GitHubState:
         self.calls: Counter[str] = Counter()
         self.limited_calls = 0
         self._used: Counter[tuple[int, int]] = Counter()
-        self._created: Counter[tuple[int, int]] = Counter()
+        self._created: dict[int, list[datetime]] = {}  # creation times of the last minute, per installation
+        self._blocked_until: dict[int, datetime] = {}
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
 
@@ -303,12 +308,23 @@ class GitHubState:
         return {"x-ratelimit-limit": str(self.primary.limit), "x-ratelimit-remaining": str(self.primary.limit - used),
                 "x-ratelimit-used": str(used), "x-ratelimit-reset": str(reset), "x-ratelimit-resource": "core"}, over
 
-    def over_secondary(self, installation_id: int) -> bool:
+    def secondary_refusal(self, installation_id: int) -> dict[str, str] | None:
+        """For a content-creating request: None when it may create, else its refusal's extra headers."""
         if self.secondary is None:
-            return False
-        key = (installation_id, int(self.clock.now().timestamp()) // 60)
-        self._created[key] += 1
-        return self._created[key] > self.secondary.creations
+            return None
+        with self._lock:
+            now = self.clock.now()
+            wait = self.secondary.retry_after
+            until = self._blocked_until.get(installation_id)
+            if until is not None and now < until:
+                self.limited_calls += 1
+                return {"retry-after": str(max(int((until - now).total_seconds()), 1))} if wait else {}
+            recent = [t for t in self._created.get(installation_id, []) if t > now - timedelta(seconds=60)]
+            if len(recent) >= self.secondary.creations:
+                self._blocked_until[installation_id] = now + timedelta(seconds=wait or 60)
+                return {"retry-after": str(wait)} if wait else {}
+            self._created[installation_id] = [*recent, now]
+            return None
 
 
 def _issue_from_record(raw: dict[str, Any]) -> Issue:
@@ -496,8 +512,8 @@ class GitHubSimulator(Simulator):
         headers, over = state.rate_headers(token.installation_id, spend=False)
         if over:
             return error(403, f"API rate limit exceeded for installation ID {token.installation_id}.", headers)
-        if operation == "create_comment" and state.over_secondary(token.installation_id):
-            retry = {"retry-after": str(state.secondary.retry_after)} if state.secondary.retry_after else {}
+        retry = state.secondary_refusal(token.installation_id) if operation == "create_comment" else None
+        if retry is not None:
             return error(403, SECONDARY_MESSAGE, {**headers, **retry})
         answer = Endpoints(state, repo, request).answer(operation, match)
         if answer.status != 304:  # a conditional request answered 304 costs no rate limit

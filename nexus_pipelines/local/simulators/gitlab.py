@@ -130,6 +130,7 @@ class GitLabState:
         # keyset pagination is not available do) instead of ignoring it
         self.keyset_refused_with_405 = False
         self.note_rate_limit: RateLimit | None = None  # application limit on note creation
+        self.limited_calls = 0  # requests that arrived after a 429 of the same window had been answered
         self._window: dict[tuple[str, str, int], int] = Counter()
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
@@ -223,6 +224,8 @@ class GitLabState:
         self._window[key] += 1
         if self._window[key] <= limit.limit:
             return None
+        if self._window[key] > limit.limit + 1:
+            self.limited_calls += 1
         if not limit.send_headers:
             return {}
         reset = (window + 1) * limit.window_s

@@ -166,6 +166,7 @@ class JiraState:
         self.tokens: dict[str, ApiToken] = {}
         self.faults = FaultQueue()
         self.rate_limit: RateLimit | None = None
+        self.limited_calls = 0
         # Jira: "Recent updates might not be immediately visible in the returned search results."
         self.index_lag = timedelta(0)  # a change is searchable this long after it happened
         # one issue's change searchable only from a later moment (its reindex lagged behind):
@@ -322,6 +323,8 @@ class JiraState:
         self._window[(token, window)] += 1
         if self._window[(token, window)] <= limit.limit:
             return None
+        if self._window[(token, window)] > limit.limit + 1:
+            self.limited_calls += 1  # a request after a 429 of the same window had been answered
         reset = datetime.fromtimestamp((window + 1) * limit.window_s, UTC)
         return {"Retry-After": str(max(int((reset - now).total_seconds()), 1)),
                 "X-RateLimit-Limit": str(limit.limit), "X-RateLimit-Remaining": "0",

@@ -19,6 +19,7 @@ from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import PollRunReport, poll
+from nexus_pipelines.connectors.provider_gate import ProviderGates
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
@@ -62,7 +63,10 @@ class Plant:
     def __init__(self, world, pool: ConnectionPool) -> None:
         self.world = world
         self.pool = pool
-        self.composer = CachedComposer(REGISTRY, ComposeContext(transport=world.transport), environ=world.environ)
+        with pool.connection() as conn:
+            conn.execute("DELETE FROM provider_gates")  # a new world is a provider no limit holds yet
+        self.composer = CachedComposer(REGISTRY, ComposeContext(transport=world.transport, gates=ProviderGates(pool)),
+                                       environ=world.environ)
         self.handlers = TicketHandlers(pool, REGISTRY, self.composer, executor_factory=executor)
 
     def registry(self) -> HandlerRegistry:

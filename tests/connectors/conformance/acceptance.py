@@ -229,6 +229,23 @@ def test_a_throttled_close_is_retried_by_the_queue_no_sooner_than_the_provider_a
     assert wait > 3500
 
 
+def test_a_wait_a_poll_met_holds_close_back_and_the_held_close_spends_no_attempt(plant, pool, request):
+    registration, ref, ticket = _close_setup(plant, pool, request)
+    plant.world.fail_next("list", "throttled_long")
+    plant.world.add_issues(1)
+    assert plant.poll([registration]).totals["failures"] == 1
+    plant.prove(ticket)
+    plant.world.clear_requests()
+    report = plant.drain([registration.registration_id])
+    assert plant.world.requests() == [] and report.retried == 1  # the provider's gate held every request
+    with pool.connection() as conn:
+        state, counted, wait = conn.execute(
+            """SELECT state, attempts - unstarted_attempts, extract(epoch FROM run_after - now())
+                 FROM connector_work_items WHERE registration_id = %s AND work_type = 'issue.close'""",
+            (registration.registration_id,)).fetchone()
+    assert (state, counted) == ("retry", 0) and wait > 3500
+
+
 def test_only_an_eligible_ticket_takes_a_success_proof(plant, pool, request):
     registration, ref, ticket = _close_setup(plant, pool, request)
     with pool.connection() as conn:

@@ -20,8 +20,9 @@ from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePa
 from nexus_pipelines.connectors.github import SPEC
 from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
-from nexus_pipelines.connectors.github.limits import MAX_RESET_WAIT_S, RESET_SLACK_S
+from nexus_pipelines.connectors.provider_gate import ProviderGates
 from nexus_pipelines.connectors.provider_http import Deadline
+from nexus_pipelines.connectors.rate_limits import MAX_RESET_WAIT_S, RESET_SLACK_S
 from nexus_pipelines.local.simulators.github import PrimaryLimit, SecondaryLimit, issue_payload
 from nexus_pipelines.local.simulators.http import Fault
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
@@ -34,11 +35,25 @@ def world():
     return GitHubWorld()
 
 
-def on_sim_clock(world):
+def on_sim_clock(world, gates=None):
     """The adapter composed with the simulator's clock as its own, for tests that move time."""
     row = dataclasses.replace(SPEC, build=functools.partial(build, clock=lambda: world.state.clock.now().timestamp()))
-    return compose(world.registration(), ConnectorRegistry([row]), ComposeContext(transport=world.transport),
-                   environ=world.environ)
+    return compose(world.registration(), ConnectorRegistry([row]),
+                   ComposeContext(transport=world.transport, gates=gates), environ=world.environ)
+
+
+def gates_of(pool):
+    """The control plane's provider gates, none held yet."""
+    with pool.connection() as conn:
+        conn.execute("DELETE FROM provider_gates")
+    return ProviderGates(pool)
+
+
+def pass_the_held_time(world, pool, seconds):
+    """The world's clock and the database's view of every gate move on by `seconds`."""
+    world.advance(seconds)
+    with pool.connection() as conn:
+        conn.execute("UPDATE provider_gates SET held_until = held_until - make_interval(secs => %s)", (seconds,))
 
 
 def fetch(adapter, cursor=None, page_size=100):
@@ -192,10 +207,10 @@ def test_the_token_is_refreshed_before_it_expires_and_work_goes_on_across_the_ol
     assert world.state.tokens[first_token].expires_at <= world.state.clock.now()
 
 
-def test_a_primary_limit_waits_for_the_reset_and_sends_nothing_meanwhile(world):
+def test_a_primary_limit_waits_for_the_reset_and_sends_nothing_meanwhile(world, pool):
     world.add_issues(5)
     world.state.primary = PrimaryLimit(limit=2, window_s=600)
-    adapter = on_sim_clock(world)
+    adapter = on_sim_clock(world, gates_of(pool))
     first = fetch(adapter, page_size=2)
     second = fetch(adapter, first.next_cursor, page_size=2)  # spends the last request: remaining 0
     assert isinstance(second, ExternalIssuePage)
@@ -203,7 +218,7 @@ def test_a_primary_limit_waits_for_the_reset_and_sends_nothing_meanwhile(world):
     assert isinstance(held, FetchFailure) and (held.retry_class, held.reason) == ("retryable", "throttled")
     assert 0 < held.retry_after_seconds <= 601 and "nothing was sent" in held.detail
     assert world.state.limited_calls == 0 and ops(world).count("list") == 2
-    world.advance(held.retry_after_seconds)
+    pass_the_held_time(world, pool, held.retry_after_seconds)
     assert isinstance(fetch(adapter, second.next_cursor, page_size=2), ExternalIssuePage)
     assert world.state.limited_calls == 0
 
@@ -389,10 +404,24 @@ def test_an_etag_a_cursor_can_carry_is_kept_for_the_next_request(world):
     assert GitHubCursor.decode(fetch(world.adapter(), _SAME_SINCE).next_cursor).etag == 'W/"0a1b"'
 
 
-def test_a_rate_limit_reset_beyond_any_clock_is_a_days_wait(world):
+def test_a_permission_403_dated_with_a_budget_left_holds_nothing(world, pool):
+    (ref,) = world.add_issues(1)
+    reset = str(int(world.state.clock.now().timestamp()) + 3600)
+    world.state.faults.push("create_comment", Fault(status=403, body={"message": "Resource not accessible by "
+                                                                                 "integration"},
+                                                    headers={"x-ratelimit-remaining": "4999",
+                                                             "x-ratelimit-reset": reset}))
+    gates = gates_of(pool)
+    result, _ = executor().close(on_sim_clock(world, gates), close_command(ref))
+    assert isinstance(result, CloseFailure) and (result.retry_class, result.reason) == ("terminal", "authorization")
+    with pool.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM provider_gates WHERE held_until > now()").fetchone() == (0,)
+
+
+def test_a_rate_limit_reset_beyond_any_clock_is_a_days_wait(world, pool):
     world.state.faults.push("list_issues", Fault(status=200, body=[], headers={
         "x-ratelimit-remaining": "0", "x-ratelimit-reset": "9" * 400}))
-    adapter = world.adapter()
+    adapter = on_sim_clock(world, gates_of(pool))
     page = fetch(adapter)
     held = fetch(adapter, page.next_cursor)
     assert isinstance(held, FetchFailure) and held.reason == "throttled" and "nothing was sent" in held.detail

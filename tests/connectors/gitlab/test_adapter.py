@@ -79,11 +79,11 @@ def test_a_wait_longer_than_a_day_is_a_throttle_of_a_day_not_a_contract_violatio
     assert isinstance(result, FetchFailure) and (result.reason, result.retry_after_seconds) == ("throttled", 86_400)
 
 
-def test_the_note_creation_limit_sends_no_headers_and_writes_nothing(world):
+def test_the_note_creation_limit_sends_no_headers_writes_nothing_and_waits_at_least_a_minute(world):
     (ref,) = world.add_issues(1)
     world.state.note_rate_limit = RateLimit(limit=0, send_headers=False)
     result = world.adapter().comment_and_close(close_command(ref), _attempt())
-    assert isinstance(result, CloseFailure) and result.reason == "throttled" and result.retry_after_seconds is None
+    assert isinstance(result, CloseFailure) and result.reason == "throttled" and result.retry_after_seconds == 60
     assert result.write_disposition == "not_written" and world.comments(ref) == []
 
 
