@@ -217,6 +217,13 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
     }
     if result.error_message:
         meta["error"] = MetadataValue.text(result.error_message)
+    if result.lease_holder is not None:
+        holder = result.lease_holder
+        meta["lease_holder_run_id"] = MetadataValue.text(holder.run_id)
+        meta["lease_holder_execution_id"] = MetadataValue.text(holder.execution_id or "unknown")
+        meta["lease_expires_at"] = MetadataValue.timestamp(holder.expires_at)
+    if result.took_over:
+        meta["took_over"] = MetadataValue.text(result.took_over)
     if result.status == "dry_run":
         meta["would_write"] = MetadataValue.int(result.would_write)
     return meta

@@ -45,7 +45,7 @@ from nexus_pipelines.writeback.batch import Pending, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
-from nexus_pipelines.writeback.ledger import Ledger, RecordState, prune_attempts
+from nexus_pipelines.writeback.ledger import LeaseClaim, LeaseHolder, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
@@ -210,6 +210,7 @@ class Runner:
         self.readiness: Readiness | None = None
         self.api_usage: ApiLimit | None = None  # the CRM's last Sforce-Limit-Info
         self.rejected: list[tuple[str, str]] = []  # the first rejected external IDs, with error codes
+        self.took_over: str | None = None  # the executions this one found dead and abandoned
 
     # -- public -----------------------------------------------------------------------
 
@@ -228,19 +229,20 @@ class Runner:
         ttl = timedelta(seconds=self.config.write.lease_ttl_seconds)
         self._event("run_started", context, **options)
         if not context.dry_run:
-            self.lease = self.ledger.acquire_lease(context.run_id, ttl)
-            if self.lease is None:
-                yield from self._lease_held(context, options)
+            claim = self.ledger.claim_lease(context.run_id, ttl)
+            if claim.lease is None:
+                yield from self._lease_held(context, options, claim.holder)
                 return
+            self.lease = claim.lease
             self._last_renew = time.monotonic()
+            if claim.abandoned:
+                yield self._took_over(context, claim)
         status: str = "failed"
         error: str | None = None
         crm: NexusCrmClient | None = None
         try:
-            if not self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
-                                         lease_token=self.lease.token if self.lease else None):
-                raise RunFailed(f"run {context.run_id} is already executing; wait for it to finish, or pick "
-                                "another --run-id")
+            self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
+                                  lease_token=self.lease.token if self.lease else None)
             crm = yield from self._steps(context, counts)
             status = self._final_status(context, counts)
         except _CheckFailed as exc:
@@ -256,23 +258,34 @@ class Runner:
         result = self._finish(context, status, counts, error, crm)
         yield result
 
-    def _lease_held(self, context: JobContext, options: dict) -> Iterator[Event]:
-        """Another execution holds the job lease: the same run id is refused (its run row
-        is not touched), another run id is skipped (section 10: skipped_already_running)."""
-        holder = self.ledger.lease_holder()
-        until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S} UTC" if holder else ""
+    def _lease_held(self, context: JobContext, options: dict, holder: LeaseHolder | None) -> Iterator[Event]:
+        """A live execution holds the job lease: the same run id is refused (its run row is
+        not touched), another run id is skipped (section 10: skipped_already_running), and
+        both name the holder and when its lease ends."""
+        held = f"the {self.job_name} lease: " + (holder.describe() if holder else "its holder released it meanwhile")
         if holder is not None and holder.run_id == context.run_id:
-            message = (f"run {context.run_id} is already executing (execution {holder.execution_id} holds the "
-                       f"{self.job_name} lease until {until}); wait for it to finish, or pick another --run-id")
+            message = (f"run {context.run_id} is already executing ({held}); wait for it to finish, or pick another "
+                       "--run-id")
             self._event("run_refused", context, level=logging.WARNING, reason="run_id_executing")
-            yield JobResult("failed", 0, 0, 0, 0, 0, error_message=message)
+            yield JobResult("failed", 0, 0, 0, 0, 0, error_message=message, lease_holder=holder)
             return
-        message = f"another run holds the {self.job_name} lease" + (
-            f" ({holder.run_id}, until {until})" if holder else "")
+        message = f"another execution holds {held}"
         self.ledger.record_skipped(context.run_id, dry_run=False, options=options, message=message)
-        self._event("run_skipped", context, reason="lease_held")
+        self._event("run_skipped", context, level=logging.WARNING, reason="lease_held",
+                    holder_run_id=holder.run_id if holder else None,
+                    holder_execution_id=holder.execution_id if holder else None,
+                    lease_expires_at=holder.expires_at.isoformat() if holder else None)
         yield Progress(f"skipped_already_running: {message}")
-        yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
+        yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message, lease_holder=holder)
+
+    def _took_over(self, context: JobContext, claim: LeaseClaim) -> Progress:
+        """This execution took the lease from dead executions; it says so once."""
+        message = (f"took over the {self.job_name} lease and marked {', '.join(claim.abandoned)} abandoned: "
+                   f"{claim.reason}; the rows it did not record stay retryable")
+        self.took_over = message
+        self._event("executions_abandoned", context, level=logging.WARNING, abandoned=list(claim.abandoned),
+                    reason=claim.reason)
+        return Progress(message)
 
     # -- steps ------------------------------------------------------------------------
 
@@ -590,7 +603,7 @@ class Runner:
             new_permanent_failures=counts.new_permanent, blocking_failures=counts.blocking,
             deferred=counts.deferred, would_write=counts.to_write, batches=counts.batches,
             crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds),
-            api_usage=self._usage_text(), rejected=tuple(self.rejected))
+            api_usage=self._usage_text(), rejected=tuple(self.rejected), took_over=self.took_over)
         self._event("run_finished", context, level=logging.INFO if status != "failed" else logging.ERROR,
                     status=status, selected=result.selected, unchanged=result.unchanged,
                     succeeded=result.succeeded, retryable_failed=result.retryable_failed,
