@@ -210,6 +210,7 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
         "deferred": MetadataValue.int(result.deferred),
         "batches": MetadataValue.int(result.batches),
         "crm_calls": MetadataValue.int(result.crm_calls),
+        "read_back_calls": MetadataValue.int(result.read_back_calls),
         "ledger_commit_p95_ms": MetadataValue.float(round(p95, 2)),
         "stage_seconds": MetadataValue.json({k: round(v, 3) for k, v in result.stage_seconds.items()}),
         "crm_api_usage": MetadataValue.text(result.api_usage or "unknown"),

@@ -48,7 +48,8 @@ class JobResult:
     deferred: int = 0  # retryable rows whose next_retry_at lies in the future
     would_write: int = 0  # dry runs: rows a real run would send
     batches: int = 0
-    crm_calls: int = 0
+    crm_calls: int = 0  # upsert requests
+    read_back_calls: int = 0  # queries reading the ids of first-time creates back by external id
     error_message: str | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     api_usage: str | None = None  # the CRM's last Sforce-Limit-Info api-usage, "N/M"

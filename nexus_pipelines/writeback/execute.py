@@ -18,7 +18,7 @@ from nexus_pipelines.writeback.resources import NexusCrmWritebackResource
 from nexus_pipelines.writeback.schedules import writeback_job
 
 COUNT_KEYS = ("selected", "unchanged", "succeeded", "retryable_failed", "permanently_failed",
-              "new_permanent_failures", "blocking_failures", "deferred", "batches", "crm_calls", "would_write")
+              "new_permanent_failures", "blocking_failures", "deferred", "batches", "crm_calls", "read_back_calls", "would_write")
 
 
 @dataclass(frozen=True)

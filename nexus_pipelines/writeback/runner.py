@@ -35,13 +35,14 @@ from google.cloud import bigquery
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
     ApiLimit,
+    BatchWriteOutcome,
     NexusCrmClient,
     NexusCrmCredentials,
     NexusCrmError,
     sanitize_error_message,
 )
 from nexus_pipelines.redaction import printable
-from nexus_pipelines.writeback.batch import Pending, settle
+from nexus_pipelines.writeback.batch import Pending, ReadBack, may_need_read_back, read_back_ids, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
@@ -168,7 +169,8 @@ class _Counts:
     new_permanent: int = 0
     blocking: int = 0
     batches: int = 0
-    crm_calls: int = 0
+    crm_calls: int = 0  # upsert requests
+    read_back_calls: int = 0  # queries reading created records' ids back
 
 
 class Runner:
@@ -487,7 +489,8 @@ class Runner:
         cfg = self.config.write
         self._heartbeat(force=False)
         number = counts.batches + 1
-        self._check_headroom(number, total_batches)
+        # A batch with records new to the ledger may need its read-back query too.
+        self._check_headroom(number, total_batches, calls=1 + any(may_need_read_back(p) for _, p in batch))
         batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
         started = time.perf_counter()
         if self._gate is not None:
@@ -498,9 +501,11 @@ class Runner:
         finally:
             if self._gate is not None:
                 self._gate.set(crm=False)
+        read_back = self._read_back(crm, batch, outcome, counts)
         crm_seconds = time.perf_counter() - started
-        self.api_usage = outcome.limit_info or self.api_usage
-        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds)
+        self.api_usage = crm.api_usage or self.api_usage
+        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds,
+                         read_back=read_back)
         started = time.perf_counter()
         try:
             self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, settled.outcomes,
@@ -539,14 +544,29 @@ class Runner:
             raise RunFailed(f"batch {number}: {outcome.stop_reason}")
         return crm_seconds, ledger_seconds
 
-    def _check_headroom(self, number: int, total_batches: int) -> None:
-        """Stop before a call that would use the share of the org's API allocation this job
-        leaves to other integrations (`write.api_headroom_percent`)."""
+    def _read_back(self, crm: NexusCrmClient, batch: list[Pending], outcome: BatchWriteOutcome,
+                   counts: _Counts) -> ReadBack | None:
+        """The CRM's ids for the batch's successes the ledger cannot check (first-time
+        creates), read by external id before any of them counts; None when there are none."""
+        external_ids = read_back_ids(batch, outcome.results)
+        if not external_ids:
+            return None
+        try:
+            ids, calls = crm.ids_by_external_id(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD, external_ids)
+        except NexusCrmError as exc:
+            counts.read_back_calls += 1
+            return ReadBack(error=sanitize_error_message(str(exc)))
+        counts.read_back_calls += calls
+        return ReadBack(ids)
+
+    def _check_headroom(self, number: int, total_batches: int, calls: int) -> None:
+        """Stop before the `calls` of a batch would use the share of the org's API allocation
+        this job leaves to other integrations (`write.api_headroom_percent`)."""
         percent, usage = self.config.write.api_headroom_percent, self.api_usage
         if not percent or usage is None:
             return
         budget = int(usage.max * (100 - percent) / 100)
-        if usage.used + 1 > budget:
+        if usage.used + calls > budget:
             raise RunFailed(f"stopped before batch {number}/{max(total_batches, number)}: NexusCRM reports "
                             f"{usage} API calls used and this job leaves the last {percent:g}% of the org's API "
                             f"allocation to other integrations (at most {budget} calls); the rows not sent stay as "
@@ -602,7 +622,8 @@ class Runner:
             retryable_failed=counts.retryable, permanently_failed=counts.permanent,
             new_permanent_failures=counts.new_permanent, blocking_failures=counts.blocking,
             deferred=counts.deferred, would_write=counts.to_write, batches=counts.batches,
-            crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds),
+            crm_calls=counts.crm_calls, read_back_calls=counts.read_back_calls, error_message=error,
+            stage_seconds=dict(self.stage_seconds),
             api_usage=self._usage_text(), rejected=tuple(self.rejected), took_over=self.took_over)
         self._event("run_finished", context, level=logging.INFO if status != "failed" else logging.ERROR,
                     status=status, selected=result.selected, unchanged=result.unchanged,
