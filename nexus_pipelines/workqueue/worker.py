@@ -9,8 +9,10 @@ discarded). Results are finalized in batches: one fenced statement completes eve
 finished item, one records every failure; an item lost before its handler started
 is handed back as unstarted (so it counts as never dispatched).
 
-Both connections are `ControlSession`s: a Postgres restart or a network cut makes the
-drain reconnect with capped backoff and carry on (reported through `on_outage`), and
+Both connections are `ControlSession`s, both opened when the drain starts: a Postgres
+restart or a network cut makes the drain reconnect with capped backoff and carry on
+(reported through `on_outage`), a drain started during an outage waits for the control
+plane the same way, and
 a statement that meets a deadlock or lock timeout is retried; what a retried
 finalizing statement already did is read back from the database, so no item is lost
 or finalized twice. The drain gives up when the outage outlasts its time budget
@@ -239,10 +241,10 @@ class Drain:
     def _start_heartbeat(self, stack: ExitStack) -> None:
         self._leases = _HeldLeases(self._ttl)
         self._finalize = _Finalizer(self.session, self.report, self._opt["retry_policy"], self._leases)
-        self._heartbeat = Heartbeat(
-            self._session("heartbeat"), self._leases.beat, max(self._opt["lease_ttl_s"] / 3, 0.05),
-            on_error=self._leases.lose_all,
-        )
+        session = self._session("heartbeat")
+        session.open()  # connected now: its first beat may fall in an outage, which it then waits out
+        self._heartbeat = Heartbeat(session, self._leases.beat, max(self._opt["lease_ttl_s"] / 3, 0.05),
+                                    on_error=self._leases.lose_all)
         self._heartbeat.start()
         stack.callback(self._heartbeat.join, 5)
         stack.callback(self._heartbeat.stop)
