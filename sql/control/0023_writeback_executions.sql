@@ -19,5 +19,5 @@ ALTER TABLE outbound_runs
     ADD COLUMN session_pid        integer,
     ADD COLUMN session_started_at timestamptz;
 
--- The executions still marked running, looked up by the job's next execution.
-CREATE INDEX outbound_runs_running ON outbound_runs (job_name, lease_token) WHERE status = 'running';
+-- The execution that took a lease (by its token), and the older ones still marked running.
+CREATE INDEX outbound_runs_lease_token ON outbound_runs (job_name, lease_token);
