@@ -9,7 +9,8 @@ discarded). Results are finalized in batches: one fenced statement completes eve
 finished item, one records every failure; an item lost before its handler started
 is handed back as unstarted (so it counts as never dispatched).
 
-Both connections are `ControlSession`s, both opened when the drain starts: a Postgres
+Both connections are `ControlSession`s, both connected when the drain starts (the
+heartbeat's before its first beat): a Postgres
 restart or a network cut makes the drain reconnect with capped backoff and carry on
 (reported through `on_outage`), a drain started during an outage waits for the control
 plane the same way, and
@@ -241,10 +242,10 @@ class Drain:
     def _start_heartbeat(self, stack: ExitStack) -> None:
         self._leases = _HeldLeases(self._ttl)
         self._finalize = _Finalizer(self.session, self.report, self._opt["retry_policy"], self._leases)
-        session = self._session("heartbeat")
-        session.open()  # connected now: its first beat may fall in an outage, which it then waits out
-        self._heartbeat = Heartbeat(session, self._leases.beat, max(self._opt["lease_ttl_s"] / 3, 0.05),
-                                    on_error=self._leases.lose_all)
+        self._heartbeat = Heartbeat(
+            self._session("heartbeat"), self._leases.beat, max(self._opt["lease_ttl_s"] / 3, 0.05),
+            on_error=self._leases.lose_all,
+        )
         self._heartbeat.start()
         stack.callback(self._heartbeat.join, 5)
         stack.callback(self._heartbeat.stop)
