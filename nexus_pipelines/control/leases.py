@@ -2,7 +2,8 @@
 
 `acquire` succeeds when the lease is absent, expired, or already held by the same
 owner, and every success hands out a new fencing token from one database sequence
-(so tokens strictly increase). `renew` and `release` only act while the caller's
+(so tokens strictly increase). `take_over` replaces a holder the caller has proved dead (by its token) before the
+lease expires. `renew` and `release` only act while the caller's
 token is still the current one: a stale holder changes nothing. Writers that must
 not act after losing a lease pass the token along and fence their writes with it.
 """
@@ -57,6 +58,25 @@ def acquire(conn: Connection, name: str, owner_id: str, ttl: timedelta) -> Lease
         return None
     token, acquired_at, expires_at = row
     return Lease(name, owner_id, token, acquired_at, expires_at)
+
+
+_TAKE_OVER = """
+UPDATE leases
+   SET owner_id = %(owner)s, fencing_token = nextval('fencing_tokens'), acquired_at = clock_timestamp(),
+       heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s
+ WHERE lease_name = %(name)s AND fencing_token = %(token)s
+RETURNING fencing_token, acquired_at, expires_at
+"""
+
+
+def take_over(conn: Connection, name: str, owner_id: str, ttl: timedelta, token: int) -> Lease | None:
+    """Take an unexpired lease from a holder the caller has proved dead, by its token: None
+    when the token is no longer current (someone else took it first)."""
+    row = conn.execute(_TAKE_OVER, {"name": name, "owner": owner_id, "ttl": ttl, "token": token}).fetchone()
+    if row is None:
+        return None
+    new_token, acquired_at, expires_at = row
+    return Lease(name, owner_id, new_token, acquired_at, expires_at)
 
 
 def renew(conn: Connection, lease: Lease, ttl: timedelta) -> Lease:

@@ -2,7 +2,8 @@
 
 `make_client` gives one pooled `httpx.Client` with explicit timeouts, redirects never
 followed, an egress guard (a request to any origin but the configured ones is refused
-before it leaves the process) and call counting per endpoint and outcome. Transports
+before it leaves the process) and call counting per endpoint and outcome; httpx's
+request log lines show each URL without its query string. Transports
 are injectable, so tests run the project's simulators in process. Nothing here
 retries: retry policy belongs to the caller (the CRM client's retry loop, the
 connector core's executor).
@@ -11,6 +12,7 @@ connector core's executor).
 from __future__ import annotations
 
 import email.utils
+import logging
 import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
@@ -121,6 +123,21 @@ class GuardedTransport(httpx.BaseTransport):
 
     def close(self) -> None:
         self._inner.close()
+
+
+class _WithoutQuery(logging.Filter):
+    """httpx logs each request's URL at INFO. A query string carries what the call looks
+    for (a SOQL list of external ids, search terms, a token a provider takes as a
+    parameter), so the line keeps the URL without it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(a.copy_with(query=None) if isinstance(a, httpx.URL) and a.query else a
+                                for a in record.args)
+        return True
+
+
+logging.getLogger("httpx").addFilter(_WithoutQuery())
 
 
 def make_client(

@@ -23,11 +23,11 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, model_validator
@@ -66,6 +66,9 @@ MAX_BATCH_RECORDS = 200
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=60.0, write=30.0, pool=5.0)
 DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 MAX_ERROR_MESSAGE_CHARS = 500
+# Salesforce allows 16,384 bytes of URI and headers together (414/431 beyond): a query's
+# encoded SOQL keeps to half of that, leaving the rest to the URL's path and the headers.
+MAX_QUERY_CHARS = 8192
 # The allocation is a rolling 24-hour window: rows refused by it wait an hour, long
 # enough for old calls to age out, short enough not to lose the day.
 ALLOCATION_RETRY_S = 3600.0
@@ -272,6 +275,23 @@ class _UpsertItem(BaseModel):
             raise ValueError("a successful item must carry an id")
         if not self.success and not self.errors:
             raise ValueError("a failed item must carry errors")
+        return self
+
+
+class _QueryPage(BaseModel):
+    """One page of a SOQL query's answer (`totalSize`, `done`, `nextRecordsUrl`, `records`)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    totalSize: int
+    done: bool
+    nextRecordsUrl: str | None = Field(default=None, pattern=r"^/services/data/v[\d.]+/query/[\w-]+$")
+    records: list[dict[str, Any]]
+
+    @model_validator(mode="after")
+    def _pageable(self) -> Self:
+        if not self.done and not self.nextRecordsUrl:
+            raise ValueError("a page that is not the last must carry nextRecordsUrl")
         return self
 
 
@@ -534,6 +554,52 @@ class NexusCrmClient:
             raise PreflightError(object_name, problems)
         return describe
 
+    # -- read back --------------------------------------------------------------------
+
+    def ids_by_external_id(self, object_name: str, external_id_field: str,
+                           external_ids: Iterable[str]) -> tuple[dict[str, str], int]:
+        """The CRM record id of each of `external_ids` that exists, read with SOQL
+        (`GET /query?q=SELECT Id, <field> FROM <object> WHERE <field> IN (...)`), and the
+        requests made: one per chunk of ids that keeps the URI within Salesforce's limit
+        (and one per further page, should the CRM page the answer). Raises NexusCrmError."""
+        obj, key = _check_api_name(object_name), _check_api_name(external_id_field)
+        found: dict[str, str] = {}
+        calls = 0
+        for chunk in _soql_chunks(obj, key, list(external_ids)):
+            url: str | None = self._data_url("/query")
+            params: dict[str, str] | None = {"q": chunk}
+            while url is not None:
+                page = self._query_page(object_name, url, params)
+                calls += 1
+                for record in page.records:
+                    record_id, value = record.get("Id"), record.get(key)
+                    if not (isinstance(value, str) and isinstance(record_id, str)
+                            and re.match(CRM_RECORD_ID_PATTERN, record_id)):
+                        raise NexusCrmResponseError(f"NexusCRM query of {object_name} by external id: a record "
+                                                    f"without a valid Id or {key} in the response")
+                    found[value] = record_id
+                url = None if page.done else f"{self._auth.instance_url.rstrip('/')}{page.nextRecordsUrl}"
+                params = None
+        return found, calls
+
+    def _query_page(self, object_name: str, url: str, params: dict[str, str] | None) -> _QueryPage:
+        what = f"NexusCRM query of {object_name} by external id"
+        try:
+            response, _ = self._retrying("query", self._request("query", "GET", url, params=params))
+        except _Exhausted as exc:
+            raise NexusCrmUnavailable(f"{what} failed with {exc.failure.code} on {exc.attempts} attempts; "
+                                      "try again later") from None
+        except _Halted as exc:
+            raise exc.cause from None
+        if response.status_code != 200:
+            code = error_code(response) or f"HTTP_{response.status_code}"
+            raise NexusCrmResponseError(sanitize_error_message(
+                f"{what} failed (HTTP {response.status_code} {code}: {_error_message(response) or 'no message'})"))
+        try:
+            return _QueryPage.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise NexusCrmResponseError(f"{what}: the response is malformed ({validation_problem(exc)})") from None
+
     # -- write ------------------------------------------------------------------------
 
     def upsert_batch(self, object_name: str, external_id_field: str, records: list[dict[str, Any]], *,
@@ -629,6 +695,28 @@ def _batch_external_ids(external_id_field: str, records: list[dict[str, Any]]) -
     if len(set(external_ids)) != len(external_ids):
         raise ValueError("a batch must not repeat an external id")
     return external_ids
+
+
+def soql_string(value: str) -> str:
+    """A SOQL string literal (quotes, backslashes and control characters escaped)."""
+    escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+    return "'" + escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t") + "'"
+
+
+def _soql_chunks(object_name: str, key: str, external_ids: list[str]) -> Iterator[str]:
+    """`SELECT Id, key FROM object WHERE key IN (...)` over consecutive chunks of the ids, each
+    short enough that its URL-encoded form stays within MAX_QUERY_CHARS."""
+    head, chunk, size = f"SELECT Id, {key} FROM {object_name} WHERE {key} IN (", [], 0
+    for external_id in external_ids:
+        literal = soql_string(external_id)
+        cost = len(quote(literal, safe="")) + 3  # and the encoded comma
+        if chunk and len(quote(head, safe="")) + size + cost > MAX_QUERY_CHARS:
+            yield head + ",".join(chunk) + ")"
+            chunk, size = [], 0
+        chunk.append(literal)
+        size += cost
+    if chunk:
+        yield head + ",".join(chunk) + ")"
 
 
 def _failure(external_id: str, code: str, message: str, retryable: bool | None = None) -> RecordWriteResult:

@@ -114,6 +114,12 @@ class Heartbeat(threading.Thread):
         self.db_lock = threading.Lock()
         self.error: BaseException | None = None
 
+    def start(self) -> None:
+        # Connected before the first beat: an outage that begins before it is then a lost
+        # connection the session waits out, like any other.
+        self.session.open()
+        super().start()
+
     def stop(self) -> None:
         self._halt.set()
 

@@ -20,6 +20,7 @@ from nexus_pipelines.workqueue.event_path import run_event_path
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
 from nexus_pipelines.workqueue.receipts import Route, RouterReport, route_receipts
 from nexus_pipelines.workqueue.registry import build_handler_registry, build_route_table
+from nexus_pipelines.workqueue.session import when_reachable
 from nexus_pipelines.workqueue.worker import default_worker_id, drain
 
 DRAIN_TAG = "nexus/queue-drain"
@@ -59,21 +60,25 @@ def build_drain_job(
 ):
     @op(name=f"{name}_op", out=Out(dict), description="Claim and run due work items until a budget is spent.")
     def drain_op(context: OpExecutionContext, config: DrainConfig, control_plane: ControlPlaneResource) -> dict:
-        registry = registry_factory(control_plane.pool())
         worker_id = f"dagster:{context.run_id[:8]}:{default_worker_id()}"
+        # A drain launched during an outage waits for the control plane within its budget.
+        deadline = time.monotonic() + config.time_budget_s
+        pool = when_reachable(control_plane.pool, give_up_at=deadline, on_outage=context.log.warning,
+                              name=f"drain {worker_id}")
+        registry = registry_factory(pool)
         context.log.info(
             f"draining work types {registry.work_types or '(none registered)'} "
             f"queue classes {config.queue_classes or 'all'} as {worker_id}"
         )
         report = drain(
-            control_plane.pool(),
+            pool,
             registry,
             on_outage=context.log.warning,
             worker_id=worker_id,
             queue_classes=config.queue_classes,
             registration_ids=config.registration_ids,
             max_items=config.max_items,
-            time_budget_s=config.time_budget_s,
+            time_budget_s=max(deadline - time.monotonic(), 0.001),
             claim_batch=config.claim_batch,
             concurrency=config.concurrency,
             lease_ttl_s=config.lease_ttl_s,

@@ -10,6 +10,11 @@ and retries a statement that lost a lock race.
   through `on_outage`, then retries `fn`. The failed attempt may have committed (its
   answer was lost), so callers give it a `fn` that is safe to run twice, and settle
   from the database what a finalizing statement did (`claims.held`).
+
+The first connection is no different: a session started during an outage waits for the
+control plane the same way (`open()` connects at once, so a session that is idle at
+first, like a heartbeat's, holds its connection before the outage begins).
+`when_reachable` waits the same way for whatever else must connect first (a pool).
 """
 
 from __future__ import annotations
@@ -80,6 +85,10 @@ class ControlSession:
                 self.statement_retries += 1
                 time.sleep(_LOCK_RACE_BACKOFF.delay(races))
 
+    def open(self) -> None:
+        """Connect now (waiting out an outage within `give_up_at`), not at the first `run`."""
+        self._connection()
+
     def close(self) -> None:
         if self._conn is not None:
             self._release(self._conn)
@@ -89,8 +98,13 @@ class ControlSession:
 
     def _connection(self) -> Connection:
         if self._conn is None:
-            # the first connection fails fast (a wrong DSN is the caller's error to report)
-            self._conn = self._open() if self._lost_reason is None else self._reconnect(self._lost_reason)
+            if self._lost_reason is not None:
+                self._conn = self._reconnect(f"connection lost ({self._lost_reason})", self._open_checked)
+            else:
+                try:
+                    self._conn = self._open()
+                except (psycopg.OperationalError, PoolTimeout) as exc:
+                    self._conn = self._reconnect(f"cannot connect ({_reason(exc)})", self._open_checked)
         return self._conn
 
     def _limit(self, since: float) -> float:
@@ -123,31 +137,48 @@ class ControlSession:
         self._conn = None
         self._lost_reason = _reason(exc)
 
-    def _reconnect(self, reason: str) -> Connection:
+    def _reconnect(self, what: str, open_conn: Callable[[], Connection]) -> Connection:
         started = time.monotonic()
         self.outages += 1
-        self._on_outage(f"{self._name}: connection lost ({reason}); reconnecting with backoff")
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                conn = self._open_checked()
-            except (psycopg.OperationalError, PoolTimeout) as exc:
-                reason = _reason(exc)
-                limit = self._limit(started)
-                if time.monotonic() >= limit:
-                    self.outage_s += time.monotonic() - started
-                    raise ControlPlaneUnavailable(
-                        f"{self._name}: control plane unreachable for {time.monotonic() - started:.0f}s "
-                        f"({reason}); giving up"
-                    ) from None
-                time.sleep(min(_RECONNECT_BACKOFF.delay(attempt), max(limit - time.monotonic(), 0.01)))
-                continue
-            took = time.monotonic() - started
-            self.outage_s += took
-            self._lost_reason = None
-            self._on_outage(f"{self._name}: reconnected after {took:.1f}s ({attempt} attempt(s))")
-            return conn
+        try:
+            conn = _wait_out(open_conn, what, started, lambda: self._limit(started), self._on_outage, self._name)
+        finally:
+            self.outage_s += time.monotonic() - started
+        self._lost_reason = None
+        return conn
+
+
+def when_reachable(open_fn: Callable[[], T], *, give_up_at: float, on_outage: Callable[[str], None],
+                   name: str = "control plane") -> T:
+    """`open_fn()` (say, opening a pool) once the control plane answers: an outage is waited
+    out with the reconnect backoff, reported through `on_outage`, until `give_up_at`."""
+    try:
+        return open_fn()
+    except (psycopg.OperationalError, PoolTimeout) as exc:
+        return _wait_out(open_fn, f"cannot connect ({_reason(exc)})", time.monotonic(), lambda: give_up_at,
+                         on_outage, name)
+
+
+def _wait_out(open_fn: Callable[[], T], what: str, started: float, limit: Callable[[], float],
+              on_outage: Callable[[str], None], name: str) -> T:
+    """Retry `open_fn` with capped backoff until it works (reported) or `limit()` passes
+    (ControlPlaneUnavailable, one line with the last reason)."""
+    on_outage(f"{name}: {what}; reconnecting with backoff")
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            result = open_fn()
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            reason, deadline = _reason(exc), limit()
+            if time.monotonic() >= deadline:
+                raise ControlPlaneUnavailable(
+                    f"{name}: control plane unreachable for {time.monotonic() - started:.0f}s ({reason}); giving up"
+                ) from None
+            time.sleep(min(_RECONNECT_BACKOFF.delay(attempt), max(deadline - time.monotonic(), 0.01)))
+            continue
+        on_outage(f"{name}: reconnected after {time.monotonic() - started:.1f}s ({attempt} attempt(s))")
+        return result
 
 
 def _reason(exc: BaseException) -> str:

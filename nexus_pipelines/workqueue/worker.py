@@ -9,8 +9,11 @@ discarded). Results are finalized in batches: one fenced statement completes eve
 finished item, one records every failure; an item lost before its handler started
 is handed back as unstarted (so it counts as never dispatched).
 
-Both connections are `ControlSession`s: a Postgres restart or a network cut makes the
-drain reconnect with capped backoff and carry on (reported through `on_outage`), and
+Both connections are `ControlSession`s, both connected when the drain starts (the
+heartbeat's before its first beat): a Postgres
+restart or a network cut makes the drain reconnect with capped backoff and carry on
+(reported through `on_outage`), a drain started during an outage waits for the control
+plane the same way, and
 a statement that meets a deadlock or lock timeout is retried; what a retried
 finalizing statement already did is read back from the database, so no item is lost
 or finalized twice. The drain gives up when the outage outlasts its time budget

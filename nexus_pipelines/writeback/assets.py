@@ -211,6 +211,7 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
         "deferred": MetadataValue.int(result.deferred),
         "batches": MetadataValue.int(result.batches),
         "crm_calls": MetadataValue.int(result.crm_calls),
+        "read_back_calls": MetadataValue.int(result.read_back_calls),
         "ledger_commit_p95_ms": MetadataValue.float(round(p95, 2)),
         "stage_seconds": MetadataValue.json({k: round(v, 3) for k, v in result.stage_seconds.items()}),
         "crm_api_usage": MetadataValue.text(result.api_usage or "unknown"),
@@ -218,6 +219,13 @@ def result_metadata(result: JobResult, run_id: str, runner: Runner) -> dict:
     }
     if result.error_message:
         meta["error"] = MetadataValue.text(result.error_message)
+    if result.lease_holder is not None:
+        holder = result.lease_holder
+        meta["lease_holder_run_id"] = MetadataValue.text(holder.run_id)
+        meta["lease_holder_execution_id"] = MetadataValue.text(holder.execution_id or "unknown")
+        meta["lease_expires_at"] = MetadataValue.timestamp(holder.expires_at)
+    if result.took_over:
+        meta["took_over"] = MetadataValue.text(result.took_over)
     if result.status == "dry_run":
         meta["would_write"] = MetadataValue.int(result.would_write)
     return meta

@@ -6,13 +6,17 @@ record's prior state. Salesforce returns results by position and nothing in a re
 names its record, so before any result is believed it is checked against what the
 ledger already knows (`contradiction`): a returned id that another record of the batch
 owns, an update that returns another id than the one the ledger holds, a record
-"created" with the id the ledger already holds, or one id answered twice. On any
-contradiction the whole batch is unaccounted: retryable, never success, and a blocking
-alert.
+"created" with the id the ledger already holds, or one id answered twice. A success for
+a record whose id the ledger does not hold yet (a first-time create, mostly) has nothing
+in the ledger to be checked against, so the runner reads those records' ids back from
+the CRM by external id (`needs_read_back`, `ReadBack`) and a success the CRM does not
+hold as answered is a contradiction too. On any contradiction the whole batch is
+unaccounted: retryable, never success, and a blocking alert.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nexus_pipelines.backoff import capped_exponential
@@ -39,8 +43,50 @@ class Settlement:
     contradiction: str | None = None
 
 
-def contradiction(batch: list[Pending], results: tuple[RecordWriteResult, ...]) -> str | None:
+@dataclass(frozen=True)
+class ReadBack:
+    """The CRM record ids NexusCRM holds for the batch's `needs_read_back` records (by
+    external id), or why they could not be read."""
+
+    ids: Mapping[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+
+def may_need_read_back(prior: RecordState | None) -> bool:
+    """The ledger holds no CRM id for the record yet: a success for it cannot be checked."""
+    return prior is None or prior.crm_record_id is None
+
+
+def needs_read_back(prior: RecordState | None, result: RecordWriteResult) -> bool:
+    """A success the ledger cannot check."""
+    return result.success and may_need_read_back(prior)
+
+
+def read_back_ids(batch: list[Pending], results: tuple[RecordWriteResult, ...]) -> list[str]:
+    """The external ids of the batch whose answered ids must be read back before they count."""
+    return [m.external_id for (m, prior), r in zip(batch, results, strict=True) if needs_read_back(prior, r)]
+
+
+def contradiction(batch: list[Pending], results: tuple[RecordWriteResult, ...],
+                  read_back: ReadBack | None = None) -> str | None:
     """Why the CRM's answer cannot be matched to the batch by position, or None."""
+    return _against_ledger(batch, results) or _against_read_back(batch, results, read_back)
+
+
+def _against_read_back(batch: list[Pending], results: tuple[RecordWriteResult, ...],
+                       read_back: ReadBack | None) -> str | None:
+    if read_back is None:
+        return None
+    if read_back.error:
+        return f"the ids it answered for records new to the ledger could not be read back ({read_back.error})"
+    for (m, prior), r in zip(batch, results, strict=True):
+        held = read_back.ids.get(m.external_id)
+        if needs_read_back(prior, r) and held != r.crm_record_id:
+            return f"{m.external_id} was answered as {r.crm_record_id}, but NexusCRM holds {held or 'no record'} for it"
+    return None
+
+
+def _against_ledger(batch: list[Pending], results: tuple[RecordWriteResult, ...]) -> str | None:
     known = {m.external_id: prior.crm_record_id for m, prior in batch if prior is not None and prior.crm_record_id}
     owner = {crm_id: external_id for external_id, crm_id in known.items()}
     answered: dict[str, str] = {}
@@ -61,8 +107,8 @@ def contradiction(batch: list[Pending], results: tuple[RecordWriteResult, ...]) 
 
 
 def settle(batch: list[Pending], outcome: BatchWriteOutcome, *, base_backoff_s: float,
-           max_backoff_s: float) -> Settlement:
-    s = Settlement(contradiction=contradiction(batch, outcome.results))
+           max_backoff_s: float, read_back: ReadBack | None = None) -> Settlement:
+    s = Settlement(contradiction=contradiction(batch, outcome.results, read_back))
     ok = retry = perm = 0
     for (m, prior), r in zip(batch, outcome.results, strict=True):
         same_payload = prior is not None and prior.payload_hash == m.payload_hash

@@ -12,7 +12,8 @@ import click
 
 from nexus_pipelines.cli_common import UserError, control_connection, control_dsn
 
-RUN_STATUSES = ("running", "succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running")
+RUN_STATUSES = ("running", "succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running",
+                "abandoned")
 RECORD_STATUSES = ("succeeded", "retryable_failed", "permanent_failed")
 TABLE_CELL = 60  # widest table cell; --json has every value in full
 
@@ -93,10 +94,11 @@ def _listing_options(statuses: tuple[str, ...], *, external_id_help: str = "Only
 @_listing_options(RUN_STATUSES, external_id_help="Only runs that sent this external ID (attempts are kept 90 days).")
 def runs_cmd(job: str | None, status: str | None, external_id: str | None, run_id: str | None, limit: int,
              as_json: bool) -> None:
-    """Writeback runs, newest first, with their counts and the CRM API usage."""
+    """Writeback runs, one row per execution (a replayed run id has several), newest first, with
+    their counts and the CRM API usage."""
     from nexus_pipelines.writeback.queries import RUNS
 
-    _show(RUNS, "runs", ("job_name", "run_id", "status", "started_at", "selected_rows", "succeeded_rows",
+    _show(RUNS, "runs", ("job_name", "run_id", "execution_id", "status", "started_at", "selected_rows", "succeeded_rows",
                          "retryable_failed_rows", "permanently_failed_rows", "crm_calls", "crm_api_usage",
                          "error_message"), as_json,
           limit=limit, job=job, status=status, external_id=external_id, run_id=run_id)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from nexus_pipelines.writeback.ledger import LeaseHolder
 
 RunStatus = Literal["succeeded", "completed_with_errors", "failed", "dry_run", "skipped_already_running"]
 TERMINAL_STATUSES: frozenset[str] = frozenset(
@@ -46,11 +49,14 @@ class JobResult:
     deferred: int = 0  # retryable rows whose next_retry_at lies in the future
     would_write: int = 0  # dry runs: rows a real run would send
     batches: int = 0
-    crm_calls: int = 0
+    crm_calls: int = 0  # upsert requests
+    read_back_calls: int = 0  # queries reading the ids of first-time creates back by external id
     error_message: str | None = None
     stage_seconds: dict[str, float] = field(default_factory=dict)
     api_usage: str | None = None  # the CRM's last Sforce-Limit-Info api-usage, "N/M"
     rejected: tuple[tuple[str, str], ...] = ()  # the first rejected external IDs with their error codes
+    lease_holder: LeaseHolder | None = None  # skipped or refused: the live execution holding the job lease
+    took_over: str | None = None  # the dead executions this one took the job lease from, and why
 
     @property
     def exit_code(self) -> int:

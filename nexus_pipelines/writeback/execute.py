@@ -18,7 +18,7 @@ from nexus_pipelines.writeback.resources import NexusCrmWritebackResource
 from nexus_pipelines.writeback.schedules import writeback_job
 
 COUNT_KEYS = ("selected", "unchanged", "succeeded", "retryable_failed", "permanently_failed",
-              "new_permanent_failures", "blocking_failures", "deferred", "batches", "crm_calls", "would_write")
+              "new_permanent_failures", "blocking_failures", "deferred", "batches", "crm_calls", "read_back_calls", "would_write")
 
 
 @dataclass(frozen=True)
@@ -31,11 +31,13 @@ class InProcessOutcome:
     counts: dict[str, int] = field(default_factory=dict)
     error: str | None = None
     rejected: tuple[tuple[str, str], ...] = ()
+    took_over: str | None = None  # the dead executions this run took the job lease from
 
     def summary(self) -> str:
         parts = [f"{k}={self.counts[k]}" for k in COUNT_KEYS if k in self.counts]
         line = f"{self.job_name} run {self.ledger_run_id}: {self.status}" + (f" ({', '.join(parts)})" if parts else "")
-        return line + (f": {self.error}" if self.error else "")
+        line += f": {self.error}" if self.error else ""
+        return line + (f" ({self.took_over})" if self.took_over else "")
 
 
 def default_resources(pg_dsn: str) -> dict[str, Any]:
@@ -93,8 +95,9 @@ def run_in_process(job_name: str, config_path: str | None, *, resources: dict[st
     runner_error = str(meta["error"].value) if "error" in meta else None
     error = (runner_error if meta["status"].value == "failed" else None) or _failure_text(failure) or runner_error
     rejected = tuple(tuple(pair) for pair in meta["first_rejected"].value)
+    took_over = str(meta["took_over"].value) if "took_over" in meta else None
     return InProcessOutcome(job_name, ledger_run_id, result.run_id, str(meta["status"].value),
-                            int(meta["exit_code"].value), counts, error, rejected)
+                            int(meta["exit_code"].value), counts, error, rejected, took_over)
 
 
 def _result_metadata(events: list[DagsterEvent], crm_key, failure) -> dict | None:

@@ -24,7 +24,7 @@ TABLES: dict[str, list[tuple[str, str, str]]] = {
         ("unchanged_rows", I, "NULLABLE"), ("succeeded_rows", I, "NULLABLE"), ("retryable_failed_rows", I, "NULLABLE"),
         ("permanently_failed_rows", I, "NULLABLE"), ("started_at", T, "REQUIRED"), ("ended_at", T, "NULLABLE"),
         ("error_message", S, "NULLABLE"), ("dry_run", B, "NULLABLE"), ("batches", I, "NULLABLE"),
-        ("crm_calls", I, "NULLABLE"), ("crm_api_usage", S, "NULLABLE"),
+        ("crm_calls", I, "NULLABLE"), ("crm_api_usage", S, "NULLABLE"), ("execution_id", S, "REQUIRED"),
     ],
     "outbound_records": [
         ("job_name", S, "REQUIRED"), ("target_object", S, "REQUIRED"), ("external_id", S, "REQUIRED"),

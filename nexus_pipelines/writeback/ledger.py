@@ -7,10 +7,12 @@ transaction also renews the job lease under its fencing token: when the token is
 stale the attempt evidence is still kept, record state is left to the lease's
 current holder, and LeaseLost is raised so the run stops before its next batch.
 
-Each execution of a run has its own identity (`execution_id`): the job lease is owned
-by `<run_id>@<execution_id>`, so a second execution with the same run id is refused
-while the first one's lease is live, and every write to the run row is fenced by the
-execution that took it over.
+Each execution of a run has its own identity (`execution_id`) and its own run row (the
+run id groups them): the job lease is owned by `<run_id>@<execution_id>`, so a second
+execution with the same run id is refused while the first one's lease is live. An
+execution that finds the lease expired, or held by an execution whose control-plane
+session is gone, takes it over and marks the older executions still `running` as
+`abandoned`.
 """
 
 from __future__ import annotations
@@ -44,6 +46,23 @@ class LeaseHolder:
     run_id: str
     execution_id: str | None
     expires_at: datetime
+    token: int
+    alive: bool  # False: the control-plane session of the holder's execution is gone
+
+    def describe(self) -> str:
+        return (f"run {self.run_id} (execution {self.execution_id or 'unknown'}) holds it until "
+                f"{self.expires_at:%Y-%m-%d %H:%M:%S} UTC")
+
+
+@dataclass(frozen=True)
+class LeaseClaim:
+    """What asking for the job lease found: the lease, or the live holder that keeps it;
+    and the executions this one found dead and marked abandoned (with why)."""
+
+    lease: Lease | None
+    holder: LeaseHolder | None = None
+    abandoned: tuple[str, ...] = ()  # "run R execution E"
+    reason: str | None = None  # why those executions were abandoned
 
 
 @dataclass(frozen=True)
@@ -82,35 +101,50 @@ class BatchCounts:
     crm_calls: int = 0
 
 
-# A run row is taken over (a replay of a run id) only when the execution that wrote it
-# no longer holds a live lease.
+# Every execution inserts its own run row; the run id groups a run's executions. The
+# row names the execution's control-plane session, so a later execution can tell whether
+# a holder of the job lease is still alive.
 _START_RUN = """
-INSERT INTO outbound_runs AS r (job_name, run_id, status, started_at, dry_run, options, lease_token, execution_id,
-                                selected_rows, unchanged_rows, succeeded_rows, retryable_failed_rows,
-                                permanently_failed_rows)
-VALUES (%(job)s, %(run)s, 'running', clock_timestamp(), %(dry)s, %(options)s, %(token)s, %(execution)s,
-        0, 0, 0, 0, 0)
-ON CONFLICT (job_name, run_id) DO UPDATE
-   SET status = EXCLUDED.status, started_at = EXCLUDED.started_at, ended_at = NULL, error_message = NULL,
-       dry_run = EXCLUDED.dry_run, options = EXCLUDED.options, lease_token = EXCLUDED.lease_token,
-       execution_id = EXCLUDED.execution_id, source_run_id = NULL, source_cutoff_at = NULL, crm_api_usage = NULL,
-       selected_rows = 0, unchanged_rows = 0, succeeded_rows = 0, retryable_failed_rows = 0,
-       permanently_failed_rows = 0, batches = 0, crm_calls = 0
- WHERE NOT EXISTS (SELECT 1 FROM leases l
-                    WHERE l.lease_name = %(lease_name)s AND l.fencing_token = r.lease_token
-                      AND l.fencing_token IS DISTINCT FROM %(token)s AND l.expires_at > clock_timestamp())
-RETURNING started_at
+INSERT INTO outbound_runs (job_name, run_id, execution_id, status, started_at, dry_run, options, lease_token,
+                           session_pid, session_started_at, selected_rows, unchanged_rows, succeeded_rows,
+                           retryable_failed_rows, permanently_failed_rows)
+VALUES (%(job)s, %(run)s, %(execution)s, 'running', clock_timestamp(), %(dry)s, %(options)s, %(token)s,
+        pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity WHERE pid = pg_backend_pid()), 0, 0, 0, 0, 0)
 """
 
+# The live job lease's holder, and whether the session its run row names still exists
+# (NULL while the holder has not written its run row yet: then it counts as alive). A
+# session of another database role shows no backend_start: it counts as alive too.
 _LEASE_HOLDER = """
-SELECT owner_run_id, owner_execution_id, expires_at FROM outbound_job_leases
- WHERE job_name = %s AND expires_at > clock_timestamp()
+SELECT v.owner_run_id, v.owner_execution_id, v.expires_at, v.fencing_token,
+       (SELECT r.session_pid IS NULL OR EXISTS (
+                   SELECT 1 FROM pg_stat_activity a
+                    WHERE a.pid = r.session_pid
+                      AND (a.backend_start = r.session_started_at OR a.backend_start IS NULL))
+          FROM outbound_runs r
+         WHERE r.job_name = v.job_name AND r.lease_token = v.fencing_token AND NOT r.dry_run
+         LIMIT 1) AS alive
+  FROM outbound_job_leases v
+ WHERE v.job_name = %s AND v.expires_at > clock_timestamp()
+"""
+
+# Once an execution holds the job lease, every older execution still marked running has
+# lost it: it stopped without finishing its row. Rows it sent but never recorded keep
+# their previous ledger state, so the next run sends them again.
+_ABANDON = """
+UPDATE outbound_runs r
+   SET status = 'abandoned', ended_at = clock_timestamp(),
+       error_message = 'abandoned: ' || %(reason)s || '; execution ' || %(execution)s || ' of run ' || %(run)s
+                       || ' took over the job lease, and the rows this execution did not record stay retryable'
+ WHERE job_name = %(job)s AND status = 'running' AND NOT dry_run AND lease_token < %(token)s
+RETURNING run_id, execution_id
 """
 
 _SKIPPED_RUN = """
-INSERT INTO outbound_runs (job_name, run_id, status, started_at, ended_at, dry_run, options, error_message)
-VALUES (%(job)s, %(run)s, 'skipped_already_running', clock_timestamp(), clock_timestamp(), %(dry)s, %(options)s, %(message)s)
-ON CONFLICT (job_name, run_id) DO NOTHING
+INSERT INTO outbound_runs (job_name, run_id, execution_id, status, started_at, ended_at, dry_run, options,
+                           error_message)
+VALUES (%(job)s, %(run)s, %(execution)s, 'skipped_already_running', clock_timestamp(), clock_timestamp(), %(dry)s,
+        %(options)s, %(message)s)
 """
 
 _READ_STATES = """
@@ -186,7 +220,7 @@ UPDATE outbound_runs
        selected_rows = %(selected)s, unchanged_rows = %(unchanged)s, succeeded_rows = %(succeeded)s,
        retryable_failed_rows = %(retryable)s, permanently_failed_rows = %(permanent)s,
        batches = %(batches)s, crm_calls = %(calls)s, crm_api_usage = COALESCE(%(usage)s, crm_api_usage)
- WHERE job_name = %(job)s AND run_id = %(run)s AND execution_id = %(execution)s
+ WHERE job_name = %(job)s AND run_id = %(run)s AND execution_id = %(execution)s AND status = 'running'
 """
 
 
@@ -205,10 +239,38 @@ class Ledger:
     def acquire_lease(self, run_id: str, ttl: timedelta) -> Lease | None:
         return leases.acquire(self.conn, lease_name(self.job_name), lease_owner(run_id, self.execution_id), ttl)
 
+    def claim_lease(self, run_id: str, ttl: timedelta) -> LeaseClaim:
+        """Take the job lease from nobody, from an expired holder, or from a live-leased
+        holder whose session is gone; the executions that held it are marked abandoned.
+        A live holder keeps it (returned as `holder`)."""
+        name, owner = lease_name(self.job_name), lease_owner(run_id, self.execution_id)
+        for _ in range(3):  # the holder may release or lose the lease between the reads
+            previous = self.conn.execute("SELECT expires_at FROM leases WHERE lease_name = %s", (name,)).fetchone()
+            lease = leases.acquire(self.conn, name, owner, ttl)
+            if lease is not None:
+                reason = f"its lease ran out at {previous[0]:%Y-%m-%d %H:%M:%S} UTC" if previous else "it lost the lease"
+                return self._abandon_older(run_id, lease, reason)
+            holder = self.lease_holder()
+            if holder is None:
+                continue
+            if holder.alive:
+                return LeaseClaim(None, holder)
+            lease = leases.take_over(self.conn, name, owner, ttl, holder.token)
+            if lease is not None:
+                return self._abandon_older(run_id, lease, "its control-plane session ended while it held the lease "
+                                                          f"(until {holder.expires_at:%Y-%m-%d %H:%M:%S} UTC)")
+        return LeaseClaim(None, self.lease_holder())
+
+    def _abandon_older(self, run_id: str, lease: Lease, reason: str) -> LeaseClaim:
+        rows = self.conn.execute(_ABANDON, {"reason": reason, "execution": self.execution_id, "run": run_id,
+                                            "job": self.job_name, "token": lease.token}).fetchall()
+        return LeaseClaim(lease, abandoned=tuple(f"run {r} execution {e}" for r, e in rows),
+                          reason=reason if rows else None)
+
     def lease_holder(self) -> LeaseHolder | None:
-        """Who holds the live job lease, if anyone."""
+        """Who holds the live job lease, if anyone, and whether its session is alive."""
         row = self.conn.execute(_LEASE_HOLDER, (self.job_name,)).fetchone()
-        return LeaseHolder(*row) if row else None
+        return None if row is None else LeaseHolder(*row[:4], alive=row[4] is not False)
 
     def renew_lease(self, lease: Lease, ttl: timedelta) -> Lease:
         return leases.renew(self.conn, lease, ttl)
@@ -218,22 +280,19 @@ class Ledger:
 
     # -- runs -------------------------------------------------------------------------
 
-    def start_run(self, run_id: str, *, dry_run: bool, options: dict, lease_token: int | None) -> bool:
-        """Create or take over the run row for this execution; False when the run id's
-        row belongs to an execution whose lease is still live."""
-        row = self.conn.execute(
+    def start_run(self, run_id: str, *, dry_run: bool, options: dict, lease_token: int | None) -> None:
+        """Insert this execution's run row (`running`)."""
+        self.conn.execute(
             _START_RUN,
             {"job": self.job_name, "run": run_id, "execution": self.execution_id, "dry": dry_run,
-             "options": json.dumps(options, sort_keys=True), "token": lease_token,
-             "lease_name": lease_name(self.job_name)},
-        ).fetchone()
-        return row is not None
+             "options": json.dumps(options, sort_keys=True), "token": lease_token},
+        )
 
     def record_skipped(self, run_id: str, *, dry_run: bool, options: dict, message: str) -> None:
         self.conn.execute(
             _SKIPPED_RUN,
-            {"job": self.job_name, "run": run_id, "dry": dry_run, "options": json.dumps(options, sort_keys=True),
-             "message": message},
+            {"job": self.job_name, "run": run_id, "execution": self.execution_id, "dry": dry_run,
+             "options": json.dumps(options, sort_keys=True), "message": message},
         )
 
     def set_source(self, run_id: str, source_run_id: str | None, cutoff: datetime | None) -> None:
@@ -261,12 +320,21 @@ class Ledger:
              "execution": self.execution_id},
         )
 
-    def run_row(self, run_id: str) -> dict | None:
+    def run_row(self, run_id: str, execution_id: str | None = None) -> dict | None:
+        """The row of one execution of a run: the given one, else the latest."""
+        rows = self.executions(run_id)
+        if execution_id is not None:
+            rows = [r for r in rows if r["execution_id"] == execution_id]
+        return rows[-1] if rows else None
+
+    def executions(self, run_id: str) -> list[dict]:
+        """Every execution's row of a run, oldest first."""
         cur = self.conn.execute(
-            "SELECT * FROM outbound_runs WHERE job_name = %s AND run_id = %s", (self.job_name, run_id)
+            "SELECT * FROM outbound_runs WHERE job_name = %s AND run_id = %s ORDER BY started_at, execution_id",
+            (self.job_name, run_id),
         )
-        row = cur.fetchone()
-        return None if row is None else dict(zip([c.name for c in cur.description], row, strict=True))
+        names = [c.name for c in cur.description]
+        return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
     # -- records ----------------------------------------------------------------------
 

@@ -25,17 +25,19 @@ def _equals(column: str) -> sql.Composable:
     return sql.SQL("{} = %s").format(sql.Identifier(column))
 
 
-# A run sent an external id when the ledger holds an attempt of it (attempts are kept 90 days).
-_RUN_SENT = sql.SQL("(job_name, run_id) IN (SELECT job_name, run_id FROM outbound_record_attempts "
-                    "WHERE external_id = %s)")
+# An execution sent an external id when the ledger holds an attempt of it in one of the
+# execution's batches (batch ids are '<run_id>:<execution_id>:<n>'; attempts are kept 90 days).
+_RUN_SENT = sql.SQL("EXISTS (SELECT 1 FROM outbound_record_attempts a WHERE a.job_name = outbound_runs.job_name "
+                    "AND a.run_id = outbound_runs.run_id AND a.external_id = %s "
+                    "AND starts_with(a.batch_id, outbound_runs.run_id || ':' || outbound_runs.execution_id || ':'))")
 
 RUNS = Listing(
     "outbound_runs",
-    ("job_name", "run_id", "status", "started_at", "ended_at", "selected_rows", "unchanged_rows", "succeeded_rows",
+    ("job_name", "run_id", "execution_id", "status", "started_at", "ended_at", "selected_rows", "unchanged_rows", "succeeded_rows",
      "retryable_failed_rows", "permanently_failed_rows", "batches", "crm_calls", "crm_api_usage", "source_run_id",
      "error_message"),
     {"job": _equals("job_name"), "status": _equals("status"), "external_id": _RUN_SENT, "run_id": _equals("run_id")},
-    "started_at DESC, run_id",
+    "started_at DESC, run_id, execution_id",
 )
 RECORDS = Listing(
     "outbound_records",

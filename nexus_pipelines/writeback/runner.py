@@ -35,17 +35,18 @@ from google.cloud import bigquery
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
     ApiLimit,
+    BatchWriteOutcome,
     NexusCrmClient,
     NexusCrmCredentials,
     NexusCrmError,
     sanitize_error_message,
 )
 from nexus_pipelines.redaction import printable
-from nexus_pipelines.writeback.batch import Pending, settle
+from nexus_pipelines.writeback.batch import Pending, ReadBack, may_need_read_back, read_back_ids, settle
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
-from nexus_pipelines.writeback.ledger import Ledger, RecordState, prune_attempts
+from nexus_pipelines.writeback.ledger import LeaseClaim, LeaseHolder, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
@@ -168,7 +169,8 @@ class _Counts:
     new_permanent: int = 0
     blocking: int = 0
     batches: int = 0
-    crm_calls: int = 0
+    crm_calls: int = 0  # upsert requests
+    read_back_calls: int = 0  # queries reading created records' ids back
 
 
 class Runner:
@@ -210,6 +212,7 @@ class Runner:
         self.readiness: Readiness | None = None
         self.api_usage: ApiLimit | None = None  # the CRM's last Sforce-Limit-Info
         self.rejected: list[tuple[str, str]] = []  # the first rejected external IDs, with error codes
+        self.took_over: str | None = None  # the executions this one found dead and abandoned
 
     # -- public -----------------------------------------------------------------------
 
@@ -228,19 +231,20 @@ class Runner:
         ttl = timedelta(seconds=self.config.write.lease_ttl_seconds)
         self._event("run_started", context, **options)
         if not context.dry_run:
-            self.lease = self.ledger.acquire_lease(context.run_id, ttl)
-            if self.lease is None:
-                yield from self._lease_held(context, options)
+            claim = self.ledger.claim_lease(context.run_id, ttl)
+            if claim.lease is None:
+                yield from self._lease_held(context, options, claim.holder)
                 return
+            self.lease = claim.lease
             self._last_renew = time.monotonic()
+            if claim.abandoned:
+                yield self._took_over(context, claim)
         status: str = "failed"
         error: str | None = None
         crm: NexusCrmClient | None = None
         try:
-            if not self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
-                                         lease_token=self.lease.token if self.lease else None):
-                raise RunFailed(f"run {context.run_id} is already executing; wait for it to finish, or pick "
-                                "another --run-id")
+            self.ledger.start_run(context.run_id, dry_run=context.dry_run, options=options,
+                                  lease_token=self.lease.token if self.lease else None)
             crm = yield from self._steps(context, counts)
             status = self._final_status(context, counts)
         except _CheckFailed as exc:
@@ -256,23 +260,34 @@ class Runner:
         result = self._finish(context, status, counts, error, crm)
         yield result
 
-    def _lease_held(self, context: JobContext, options: dict) -> Iterator[Event]:
-        """Another execution holds the job lease: the same run id is refused (its run row
-        is not touched), another run id is skipped (`skipped_already_running`, see "The job lease" there)."""
-        holder = self.ledger.lease_holder()
-        until = f"{holder.expires_at:%Y-%m-%d %H:%M:%S} UTC" if holder else ""
+    def _lease_held(self, context: JobContext, options: dict, holder: LeaseHolder | None) -> Iterator[Event]:
+        """A live execution holds the job lease: the same run id is refused (its run row is
+        not touched), another run id is skipped (`skipped_already_running`, see "The job lease" in docs/design/writeback-run.md), and
+        both name the holder and when its lease ends."""
+        held = f"the {self.job_name} lease: " + (holder.describe() if holder else "its holder released it meanwhile")
         if holder is not None and holder.run_id == context.run_id:
-            message = (f"run {context.run_id} is already executing (execution {holder.execution_id} holds the "
-                       f"{self.job_name} lease until {until}); wait for it to finish, or pick another --run-id")
+            message = (f"run {context.run_id} is already executing ({held}); wait for it to finish, or pick another "
+                       "--run-id")
             self._event("run_refused", context, level=logging.WARNING, reason="run_id_executing")
-            yield JobResult("failed", 0, 0, 0, 0, 0, error_message=message)
+            yield JobResult("failed", 0, 0, 0, 0, 0, error_message=message, lease_holder=holder)
             return
-        message = f"another run holds the {self.job_name} lease" + (
-            f" ({holder.run_id}, until {until})" if holder else "")
+        message = f"another execution holds {held}"
         self.ledger.record_skipped(context.run_id, dry_run=False, options=options, message=message)
-        self._event("run_skipped", context, reason="lease_held")
+        self._event("run_skipped", context, level=logging.WARNING, reason="lease_held",
+                    holder_run_id=holder.run_id if holder else None,
+                    holder_execution_id=holder.execution_id if holder else None,
+                    lease_expires_at=holder.expires_at.isoformat() if holder else None)
         yield Progress(f"skipped_already_running: {message}")
-        yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message)
+        yield JobResult("skipped_already_running", 0, 0, 0, 0, 0, error_message=message, lease_holder=holder)
+
+    def _took_over(self, context: JobContext, claim: LeaseClaim) -> Progress:
+        """This execution took the lease from dead executions; it says so once."""
+        message = (f"took over the {self.job_name} lease and marked {', '.join(claim.abandoned)} abandoned: "
+                   f"{claim.reason}; the rows it did not record stay retryable")
+        self.took_over = message
+        self._event("executions_abandoned", context, level=logging.WARNING, abandoned=list(claim.abandoned),
+                    reason=claim.reason)
+        return Progress(message)
 
     # -- steps ------------------------------------------------------------------------
 
@@ -474,7 +489,8 @@ class Runner:
         cfg = self.config.write
         self._heartbeat(force=False)
         number = counts.batches + 1
-        self._check_headroom(number, total_batches)
+        # A batch with records new to the ledger may need its read-back query too.
+        self._check_headroom(number, total_batches, calls=1 + any(may_need_read_back(p) for _, p in batch))
         batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
         started = time.perf_counter()
         if self._gate is not None:
@@ -485,9 +501,11 @@ class Runner:
         finally:
             if self._gate is not None:
                 self._gate.set(crm=False)
+        read_back = self._read_back(crm, batch, outcome, counts)
         crm_seconds = time.perf_counter() - started
-        self.api_usage = outcome.limit_info or self.api_usage
-        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds)
+        self.api_usage = crm.api_usage or self.api_usage
+        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds,
+                         read_back=read_back)
         started = time.perf_counter()
         try:
             self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, settled.outcomes,
@@ -526,14 +544,29 @@ class Runner:
             raise RunFailed(f"batch {number}: {outcome.stop_reason}")
         return crm_seconds, ledger_seconds
 
-    def _check_headroom(self, number: int, total_batches: int) -> None:
-        """Stop before a call that would use the share of the org's API allocation this job
-        leaves to other integrations (`write.api_headroom_percent`)."""
+    def _read_back(self, crm: NexusCrmClient, batch: list[Pending], outcome: BatchWriteOutcome,
+                   counts: _Counts) -> ReadBack | None:
+        """The CRM's ids for the batch's successes the ledger cannot check (first-time
+        creates), read by external id before any of them counts; None when there are none."""
+        external_ids = read_back_ids(batch, outcome.results)
+        if not external_ids:
+            return None
+        try:
+            ids, calls = crm.ids_by_external_id(self.mapper.TARGET_OBJECT, self.mapper.EXTERNAL_ID_FIELD, external_ids)
+        except NexusCrmError as exc:
+            counts.read_back_calls += 1
+            return ReadBack(error=sanitize_error_message(str(exc)))
+        counts.read_back_calls += calls
+        return ReadBack(ids)
+
+    def _check_headroom(self, number: int, total_batches: int, calls: int) -> None:
+        """Stop before the `calls` of a batch would use the share of the org's API allocation
+        this job leaves to other integrations (`write.api_headroom_percent`)."""
         percent, usage = self.config.write.api_headroom_percent, self.api_usage
         if not percent or usage is None:
             return
         budget = int(usage.max * (100 - percent) / 100)
-        if usage.used + 1 > budget:
+        if usage.used + calls > budget:
             raise RunFailed(f"stopped before batch {number}/{max(total_batches, number)}: NexusCRM reports "
                             f"{usage} API calls used and this job leaves the last {percent:g}% of the org's API "
                             f"allocation to other integrations (at most {budget} calls); the rows not sent stay as "
@@ -589,8 +622,9 @@ class Runner:
             retryable_failed=counts.retryable, permanently_failed=counts.permanent,
             new_permanent_failures=counts.new_permanent, blocking_failures=counts.blocking,
             deferred=counts.deferred, would_write=counts.to_write, batches=counts.batches,
-            crm_calls=counts.crm_calls, error_message=error, stage_seconds=dict(self.stage_seconds),
-            api_usage=self._usage_text(), rejected=tuple(self.rejected))
+            crm_calls=counts.crm_calls, read_back_calls=counts.read_back_calls, error_message=error,
+            stage_seconds=dict(self.stage_seconds),
+            api_usage=self._usage_text(), rejected=tuple(self.rejected), took_over=self.took_over)
         self._event("run_finished", context, level=logging.INFO if status != "failed" else logging.ERROR,
                     status=status, selected=result.selected, unchanged=result.unchanged,
                     succeeded=result.succeeded, retryable_failed=result.retryable_failed,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 
 import httpx
@@ -35,6 +36,14 @@ def test_requests_outside_the_configured_origin_are_refused_before_sending():
         with pytest.raises(EgressRefused):
             client.get("http://api.example.test/downgraded")  # same host, other scheme: another origin
     assert [r.url.path for r in sent] == ["/ok"]
+
+
+def test_request_log_lines_keep_the_url_without_its_query_string(caplog):
+    caplog.set_level(logging.INFO, logger="httpx")
+    with make_client("https://api.example.test", transport=httpx.MockTransport(echo)) as client:
+        client.get("/query", params={"q": "SELECT Id FROM X WHERE Key__c IN ('customer-42')"})
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert line.startswith("HTTP Request: GET https://api.example.test/query ") and "customer-42" not in line
 
 
 def test_redirects_are_returned_never_followed():

@@ -695,3 +695,37 @@ def test_credentials_and_tokens_never_reach_repr_exceptions_or_logs(caplog, stat
     assert "nexuscrm upsert HTTP_429 on attempt 1/2" in caplog.text  # the logs are there, just clean
     for secret in [SECRET, CLIENT_ID, "another-secret", *tokens]:
         assert secret not in haystack
+
+
+# -- read back ----------------------------------------------------------------------
+
+def test_created_records_are_read_back_by_external_id_in_one_query(client: NexusCrmClient, state: NexusCrmState) -> None:
+    odd = ["E1", "it's", "back\\slash", "line\nbreak"]
+    client.upsert_batch(OBJECT, KEY, [rec(x) for x in odd])
+    found, calls = client.ids_by_external_id(OBJECT, KEY, [*odd, "absent"])
+    assert found == {r[KEY]: r["Id"] for r in state.records(OBJECT)} and set(found) == set(odd)
+    assert calls == 1 and state.calls()["query"] == 1
+
+
+def test_a_refused_or_malformed_read_back_is_one_line_error(client: NexusCrmClient, state: NexusCrmState) -> None:
+    with pytest.raises(NexusCrmResponseError, match=r"^NexusCRM query of Nope__c by external id failed \(HTTP 400 "
+                                                    r"INVALID_TYPE: sObject type 'Nope__c' is not supported\.\)$"):
+        client.ids_by_external_id("Nope__c", KEY, ["E1"])
+    with pytest.raises(ValueError):
+        client.ids_by_external_id(OBJECT, "Bad field", ["E1"])  # an API name is checked before any call
+
+
+def test_a_read_back_answer_without_a_valid_id_is_refused() -> None:
+    state = make_state()
+
+    class NoIds(SimulatorTransport):
+        def handle_request(self, request: httpx.Request) -> httpx.Response:
+            response = super().handle_request(request)
+            if request.url.path.endswith("/query"):
+                return httpx.Response(200, json={"totalSize": 1, "done": True, "records": [{KEY: "E1", "Id": "x"}]},
+                                      request=request)
+            return response
+
+    with NexusCrmClient(credentials(), transport=NoIds(state), sleep=lambda s: None) as client:
+        with pytest.raises(NexusCrmResponseError, match="a record without a valid Id"):
+            client.ids_by_external_id(OBJECT, KEY, ["E1"])

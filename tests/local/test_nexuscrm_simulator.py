@@ -421,3 +421,60 @@ def test_client_over_real_http(state: NexusCrmState) -> None:
     finally:
         stop()
     assert state.calls() == {"token": 1, "describe": 1, "upsert": 3}
+
+
+def query(http: httpx.Client, tok: str, soql: str) -> httpx.Response:
+    return http.get("/services/data/v63.0/query", params={"q": soql}, headers={"Authorization": f"Bearer {tok}"})
+
+
+def test_soql_query_reads_records_back_by_external_id(http: httpx.Client, state: NexusCrmState) -> None:
+    tok = token(http)
+    upsert(http, tok, [{KEY: "A"}, {KEY: "it's"}, {KEY: "back\\slash"}])
+    ids = {r[KEY]: r["Id"] for r in state.records(OBJECT)}
+    response = query(http, tok, f"SELECT Id, {KEY} FROM {OBJECT} WHERE {KEY} IN ('A', 'it\\'s', 'back\\\\slash', 'Z')")
+    assert response.status_code == 200 and response.headers["Sforce-Limit-Info"] == "api-usage=2/15000"
+    page = response.json()
+    assert (page["totalSize"], page["done"]) == (3, True) and "nextRecordsUrl" not in page
+    assert {r[KEY]: r["Id"] for r in page["records"]} == ids
+    assert page["records"][0]["attributes"] == {"type": OBJECT,
+                                                "url": f"/services/data/v63.0/sobjects/{OBJECT}/{ids['A']}"}
+    assert state.calls()["query"] == 1
+
+
+def test_soql_query_refuses_what_salesforce_refuses(http: httpx.Client) -> None:
+    tok = token(http)
+    for soql, status, code in (
+            (f"SELECT Id FROM {OBJECT} WHERE {KEY} = 'A'", 400, "MALFORMED_QUERY"),
+            (f"SELECT Id FROM {OBJECT} WHERE {KEY} IN ('A',)", 400, "MALFORMED_QUERY"),
+            (f"SELECT Id FROM {OBJECT} WHERE {KEY} IN ('\\x')", 400, "MALFORMED_QUERY"),
+            (f"SELECT Id FROM Nope__c WHERE {KEY} IN ('A')", 400, "INVALID_TYPE"),
+            (f"SELECT Id, Nope__c FROM {OBJECT} WHERE {KEY} IN ('A')", 400, "INVALID_FIELD")):
+        response = query(http, tok, soql)
+        assert (response.status_code, response.json()[0]["errorCode"]) == (status, code), soql
+    long = query(http, tok, f"SELECT Id FROM {OBJECT} WHERE {KEY} IN ({','.join(['%r' % ('x' * 30)] * 600)})")
+    assert long.status_code == 414  # URI and headers are limited to 16,384 bytes
+    assert http.get("/services/data/v63.0/query", params={"q": f"SELECT Id FROM {OBJECT} WHERE {KEY} IN ('A')"}
+                    ).status_code == 401
+
+
+def test_soql_query_pages_2000_records_at_a_time_and_the_client_follows(http: httpx.Client,
+                                                                        state: NexusCrmState) -> None:
+    tok = token(http)
+    for start in range(0, 2100, 200):  # every record has Code__c = 'c'
+        assert upsert(http, tok, [{KEY: f"k{i}"} for i in range(start, start + 200)]).status_code == 200
+    first = query(http, tok, f"SELECT Id, {KEY} FROM {OBJECT} WHERE Code__c IN ('c')").json()
+    assert (first["totalSize"], first["done"], len(first["records"])) == (2200, False, 2000)
+    more = http.get(first["nextRecordsUrl"], headers={"Authorization": f"Bearer {tok}"}).json()
+    assert (more["done"], len(more["records"])) == (True, 200)
+    assert {r[KEY] for r in first["records"] + more["records"]} == {f"k{i}" for i in range(2200)}
+    bad = http.get(first["nextRecordsUrl"][:-4] + "4001", headers={"Authorization": f"Bearer {tok}"})
+    assert (bad.status_code, bad.json()[0]["errorCode"]) == (400, "INVALID_QUERY_LOCATOR")
+
+    client = NexusCrmClient(NexusCrmCredentials(base_url=BASE, client_id="cid", client_secret="csecret"),
+                            transport=SimulatorTransport(state))
+    before = state.calls()["query"]
+    found, calls = client.ids_by_external_id(OBJECT, KEY, [f"k{i}" for i in range(2200)])
+    assert found == {r[KEY]: r["Id"] for r in state.records(OBJECT)}
+    assert calls == state.calls()["query"] - before > 1  # each query's URI kept short, none refused
+    _, paged = client.ids_by_external_id(OBJECT, "Code__c", ["c"])
+    assert paged == 2  # the second page read through nextRecordsUrl

@@ -151,3 +151,68 @@ def test_the_sensor_launched_drain_run_reports_the_outage_in_its_log(own_postgre
                                    resources={"control_plane": ControlPlaneResource(dsn=dsn)})
     assert again.output_for_node("restart_drain_op")["completed"] == states.get("retry", 0)
     assert _outcome(dsn, reg) == ({"completed": 80}, 80)
+
+
+def _down_for(server: EmbeddedPostgres, dsn: str, down_s: float) -> threading.Thread:
+    """Restart `server` on a thread, keeping it down for `down_s`; returns once it is down."""
+    import psycopg
+
+    restarting = threading.Thread(target=restart_postgres, args=(server, down_s), daemon=True)
+    restarting.start()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            connect(dsn, connect_timeout=1).close()
+        except psycopg.OperationalError:
+            return restarting
+        time.sleep(0.05)
+    raise AssertionError("the server did not go down")
+
+
+def test_a_drain_started_during_an_outage_waits_for_postgres_within_its_budget(own_postgres):
+    server, dsn = own_postgres
+    reg = "started-down"
+    _queue(dsn, reg, 20)
+    restarting = _down_for(server, dsn, down_s=2.0)
+    outages: list[str] = []
+    report = drain(dsn, HandlerRegistry({"t": lambda item: "done"}), registration_ids=[reg], time_budget_s=60,
+                   retry_policy=FAST, on_outage=outages.append, idle_exit=True)
+    restarting.join(timeout=60)
+    assert report.completed == 20 and report.outages >= 1
+    assert any("(claims): cannot connect (" in m and "reconnecting with backoff" in m for m in outages)
+    assert any("reconnected after" in m for m in outages)
+    assert _outcome(dsn, reg)[0] == {"completed": 20}
+
+
+def test_an_outage_before_the_heartbeats_first_beat_is_waited_out_not_fatal(own_postgres):
+    server, dsn = own_postgres
+    reg = "heartbeat-down"
+    _queue(dsn, reg, 5)
+    # The first handler stops Postgres at once and keeps it down past the heartbeat's first
+    # beat (a third of the 6 s lease), but not past the lease itself.
+    handler = _RestartingHandler(server, dsn, at=1, down_s=3.0)
+    outages: list[str] = []
+    report = drain(dsn, HandlerRegistry({"t": handler}), registration_ids=[reg], concurrency=1, claim_batch=5,
+                   lease_ttl_s=6, time_budget_s=60, retry_policy=FAST, on_outage=outages.append, idle_exit=True)
+    assert any("(heartbeat): connection lost" in m for m in outages)
+    assert report.lost == 0 and report.completed + report.retried == 5
+    states, _ = _outcome(dsn, reg)
+    assert sum(states.values()) == 5 and set(states) <= {"completed", "retry"}
+
+
+def test_when_reachable_waits_out_an_outage_then_gives_up_with_one_line_at_its_deadline(own_postgres):
+    from nexus_pipelines.workqueue.session import ControlPlaneUnavailable, when_reachable
+
+    server, dsn = own_postgres
+    restarting = _down_for(server, dsn, down_s=1.5)
+    lines: list[str] = []
+    conn = when_reachable(lambda: connect(dsn, connect_timeout=1), give_up_at=time.monotonic() + 60,
+                          on_outage=lines.append, name="drain w1")
+    conn.close()
+    restarting.join(timeout=60)
+    assert lines[0].startswith("drain w1: cannot connect (") and lines[1].startswith("drain w1: reconnected after")
+    server.stop()
+    with pytest.raises(ControlPlaneUnavailable, match=r"^drain w1: control plane unreachable for \d+s \(.*\); "
+                                                      r"giving up$"):
+        when_reachable(lambda: connect(dsn, connect_timeout=1), give_up_at=time.monotonic() + 1,
+                       on_outage=lines.append, name="drain w1")

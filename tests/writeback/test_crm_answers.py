@@ -20,12 +20,12 @@ def by_status(runner) -> dict[str, list[dict]]:
 
 def test_a_spent_api_allocation_stops_the_run_before_the_next_batch(bq_client, make_runner, sim_state):
     config = make_config(seed(bq_client, 50), batch_size=10)
-    sim_state.api_limit = 3  # describe, then two batches
+    sim_state.api_limit = 5  # describe, then two batches of new records: each an upsert and its read-back
     runner = make_runner(config, sim_state, job_name=job())
     ctx = context()
     result = runner.run(ctx)
     assert result.status == "failed" and result.exit_code == 1
-    assert "daily API allocation is spent (api-usage=3/3)" in result.error_message
+    assert "daily API allocation is spent (api-usage=5/5)" in result.error_message
     assert "\n" not in result.error_message
     assert sim_state.calls()["upsert"] == 3  # two written, the third refused; batches 4 and 5 never sent
     rows = by_status(runner)
@@ -34,8 +34,8 @@ def test_a_spent_api_allocation_stops_the_run_before_the_next_batch(bq_client, m
     assert len(refused) == 10 and {r["error_code"] for r in refused} == {"REQUEST_LIMIT_EXCEEDED"}
     # the retry time reflects the allocation, not a one-second backoff; never permanent
     assert all(r["next_retry_at"] - r["updated_at"] >= timedelta(minutes=59) for r in refused)
-    assert result.api_usage == "3/3"
-    assert runner.ledger.run_row(ctx.run_id)["crm_api_usage"] == "3/3"
+    assert result.api_usage == "5/5"
+    assert runner.ledger.run_row(ctx.run_id)["crm_api_usage"] == "5/5"
 
 
 def test_an_allocation_spent_before_the_run_fails_it_at_the_token_in_one_line(bq_client, make_runner, sim_state):
@@ -55,11 +55,12 @@ def test_the_job_stops_before_using_the_headroom_it_leaves_other_integrations(bq
     sim_state.set_api_usage(2)  # other integrations share the org's allocation
     runner = make_runner(config, sim_state, job_name=job())
     result = runner.run(context())
-    # describe -> 3/10; batch 1 -> 4/10; batch 2 -> 5/10; a third call would use the last 50%
+    # describe -> 3/10; batch 1 and its read-back -> 5/10; batch 2 of new records needs two
+    # calls more, which would use the last 50%
     assert result.status == "failed" and result.exit_code == 1
     assert "50% of the org's API allocation" in result.error_message and "5/10" in result.error_message
-    assert sim_state.calls()["upsert"] == 2 and result.succeeded == 20
-    assert len(runner.ledger.record_rows()) == 20  # nothing recorded for the rows never sent
+    assert sim_state.calls()["upsert"] == 1 and sim_state.calls()["query"] == 1 and result.succeeded == 10
+    assert len(runner.ledger.record_rows()) == 10  # nothing recorded for the rows never sent
 
 
 def test_a_token_that_expires_again_during_retries_is_refreshed_again(bq_client, make_runner, sim_state):
@@ -139,3 +140,50 @@ def test_a_crm_record_id_of_the_wrong_shape_leaves_its_record_unaccounted_not_th
     (row,) = by_status(runner)["retryable_failed"]
     assert (row["external_id"], row["error_code"], row["crm_record_id"]) == (garbled, "UNACCOUNTED", None)
     assert len(sim_state.records(OBJ)) == 30  # the write was applied: the next run finds it
+
+
+def test_reversed_results_for_first_time_creates_are_read_back_and_never_believed(bq_client, make_runner,
+                                                                                  sim_state):
+    # Every fifth row has a negative ARR, which the CRM rejects: the first batch of ten new
+    # records has two rejected, and its reversed answer says they succeeded with others' ids.
+    config, name = make_config(seed(bq_client, 30, negative_every=5), batch_size=10), job()
+    sim_state.faults.push(Fault.reverse_results())
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "failed" and "contradicts the ledger" in result.error_message
+    assert "but NexusCRM holds" in result.error_message
+    assert (result.succeeded, result.blocking_failures, result.read_back_calls) == (0, 10, 1)
+    assert sim_state.calls()["upsert"] == 1 and sim_state.calls()["query"] == 1
+    rows = runner.ledger.record_rows()
+    assert len(rows) == 10
+    assert {(r["status"], r["error_code"], r["crm_record_id"]) for r in rows} == {("retryable_failed", "UNACCOUNTED", None)}
+
+    replay = make_runner(config, sim_state, job_name=name).run(context(retry_failed=True))
+    assert (replay.succeeded, replay.permanently_failed, replay.read_back_calls) == (8, 2, 1)
+    rerun = make_runner(config, sim_state, job_name=name).run(context())
+    assert (rerun.succeeded, rerun.permanently_failed, rerun.read_back_calls) == (16, 4, 2)
+    crm_ids = {r["Month_End_ARR_Key__c"]: r["Id"] for r in sim_state.records(OBJ)}
+    states = by_status(runner)
+    assert {r["external_id"]: r["crm_record_id"] for r in states["succeeded"]} == crm_ids and len(crm_ids) == 24
+    assert len(states["permanent_failed"]) == 6 and not {r["external_id"] for r in states["permanent_failed"]} & set(crm_ids)
+
+
+def test_only_batches_with_records_new_to_the_ledger_are_read_back(bq_client, make_runner, sim_state):
+    source, name = seed(bq_client, 30), job()
+    config = make_config(source, batch_size=10)
+    first = make_runner(config, sim_state, job_name=name).run(context())
+    assert (first.succeeded, first.batches, first.read_back_calls) == (30, 3, 1 * 3)
+    bq_client.query(f"UPDATE `{source}.month_end_arr` SET arr_amount = arr_amount + 1 WHERE TRUE").result()
+    update = make_runner(config, sim_state, job_name=name).run(context())
+    assert (update.succeeded, update.read_back_calls) == (30, 0)  # the ledger holds every id: nothing to read
+    assert sim_state.calls()["query"] == 3
+
+
+def test_a_read_back_that_fails_leaves_the_batch_unaccounted(bq_client, make_runner, sim_state):
+    config, name = make_config(seed(bq_client, 20), batch_size=10), job()
+    sim_state.api_limit = 2  # describe, the first upsert, then the read-back is refused
+    runner = make_runner(config, sim_state, job_name=name)
+    result = runner.run(context())
+    assert result.status == "failed" and "could not be read back" in result.error_message
+    assert result.succeeded == 0 and sim_state.calls()["upsert"] == 1
+    assert {(r["status"], r["error_code"]) for r in runner.ledger.record_rows()} == {("retryable_failed", "UNACCOUNTED")}

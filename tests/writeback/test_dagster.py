@@ -184,7 +184,8 @@ def test_a_run_skipped_because_another_holds_the_lease_succeeds_with_its_checks_
 
     state = new_state()
     instance = DagsterInstance.ephemeral()
-    held = Ledger(control_conn, "month_end_arr", "Month_End_ARR__c").acquire_lease("other-run", timedelta(minutes=5))
+    holder = Ledger(control_conn, "month_end_arr", "Month_End_ARR__c")
+    held = holder.acquire_lease("other-run", timedelta(minutes=5))
     try:
         result = run(tmp_path, control_dsn, bq_emulator_url, state, source, instance=instance)
     finally:
@@ -202,8 +203,38 @@ def test_a_run_skipped_because_another_holds_the_lease_succeeds_with_its_checks_
     # planned in a run that succeeded: the UI resolves it to SKIPPED
     assert record.status == AssetCheckExecutionRecordStatus.PLANNED and record.run_id == result.run_id
     logs = [entry.user_message for entry in instance.all_logs(result.run_id)]
-    assert any("skipped_already_running: another run holds the month_end_arr lease (other-run" in m for m in logs)
+    until = f"{held.expires_at:%Y-%m-%d %H:%M:%S} UTC"
+    assert f"skipped_already_running: another execution holds the month_end_arr lease: run other-run (execution " \
+           f"{holder.execution_id}) holds it until {until}" in logs
+    (observed,) = [e.dagster_event.event_specific_data.asset_observation.metadata
+                   for e in instance.all_logs(result.run_id)
+                   if e.dagster_event and e.dagster_event.event_type_value == "ASSET_OBSERVATION"]
+    assert observed["lease_holder_run_id"].value == "other-run"
+    assert observed["lease_holder_execution_id"].value == holder.execution_id
+    assert observed["lease_expires_at"].value == held.expires_at.timestamp()
     assert state.calls() == {}
+
+
+def test_a_run_that_takes_the_lease_from_a_dead_execution_says_so_in_its_log_and_metadata(
+        tmp_path, control_dsn, bq_emulator_url, source):
+    from datetime import timedelta
+
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.writeback.ledger import Ledger
+
+    with connect(control_dsn) as dead:  # an execution whose session ends while it holds the lease
+        holder = Ledger(dead, "month_end_arr", "Month_End_ARR__c")
+        lease = holder.acquire_lease("died", timedelta(minutes=30))
+        holder.start_run("died", dry_run=False, options={}, lease_token=lease.token)
+    instance = DagsterInstance.ephemeral()
+    result = run(tmp_path, control_dsn, bq_emulator_url, new_state(), source, instance=instance)
+    assert result.success
+    said = (f"took over the month_end_arr lease and marked run died execution {holder.execution_id} abandoned: its "
+            "control-plane session ended while it held the lease (until ")
+    assert any(entry.user_message.startswith(said) for entry in instance.all_logs(result.run_id))
+    (crm,) = [e.event_specific_data.materialization.metadata for e in result.get_asset_materialization_events()
+              if e.asset_key == KEYS["crm"]]
+    assert crm["took_over"].value.startswith(said)
 
 
 def test_a_run_failing_by_policy_shows_one_line_with_its_counts_and_first_rejected_ids(

@@ -8,6 +8,7 @@ import types
 from datetime import timedelta
 
 from nexus_pipelines.writeback import runner as runner_module
+from nexus_pipelines.writeback.ledger import Ledger
 
 from .support import context, job, make_config, seed
 
@@ -41,13 +42,21 @@ def test_write_pass_renews_the_lease_while_pages_have_nothing_to_send(bq_client,
     assert len(renewals) >= 30  # once per page read in the write pass, not only before a batch
 
 
-def test_a_second_run_while_the_lease_is_held_is_skipped(bq_client, make_runner, sim_state):
-    runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=job())
-    held = runner.ledger.acquire_lease("other-run", timedelta(minutes=5))
+def test_a_second_run_while_the_lease_is_held_is_skipped_naming_the_holder_and_its_lease_end(
+        bq_client, make_runner, sim_state):
+    name = job()
+    runner = make_runner(make_config(seed(bq_client)), sim_state, job_name=name)
+    holder = Ledger(runner.ledger.conn, name, runner.mapper.TARGET_OBJECT)
+    held = holder.acquire_lease("other-run", timedelta(minutes=5))
     result = runner.run(context("second"))
     assert result.status == "skipped_already_running" and result.exit_code == 0
     assert sim_state.calls() == {}
-    assert runner.ledger.run_row("second")["status"] == "skipped_already_running"
+    assert (result.lease_holder.run_id, result.lease_holder.execution_id) == ("other-run", holder.execution_id)
+    assert result.lease_holder.expires_at == held.expires_at
+    assert result.error_message == (f"another execution holds the {name} lease: run other-run (execution "
+                                    f"{holder.execution_id}) holds it until {held.expires_at:%Y-%m-%d %H:%M:%S} UTC")
+    row = runner.ledger.run_row("second")
+    assert (row["status"], row["error_message"]) == ("skipped_already_running", result.error_message)
     runner.ledger.release_lease(held)
 
 
@@ -94,8 +103,9 @@ def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_cli
         make_runner, bq_client, sim_state, lambda first, again: outcomes.append(again()))
     (refused,) = outcomes
     assert refused.status == "failed" and refused.exit_code == 1
-    assert refused.error_message.startswith("run same is already executing (execution ")
-    assert f"{first.execution_id} holds the {name} lease until " in refused.error_message
+    assert refused.error_message.startswith(f"run same is already executing (the {name} lease: run same (execution "
+                                            f"{first.execution_id}) holds it until ")
+    assert refused.lease_holder.alive and refused.lease_holder.execution_id == first.execution_id
     assert sim_state.calls()["upsert"] == 3  # only the first execution wrote
     assert result.status == "succeeded" and result.succeeded == 30
     row = first.ledger.run_row("same")
@@ -103,7 +113,8 @@ def test_a_second_execution_of_a_live_run_id_is_refused_naming_the_holder(bq_cli
     assert second.table_id is None  # the refused execution made no candidate table
 
 
-def test_a_stale_execution_cannot_overwrite_the_run_row_of_the_one_that_took_over(bq_client, make_runner, sim_state):
+def test_an_execution_whose_lease_ran_out_is_abandoned_by_the_replay_that_took_over(bq_client, make_runner,
+                                                                                     sim_state):
     outcomes = []
 
     def lease_runs_out_and_the_run_id_is_replayed(first, again):
@@ -117,7 +128,14 @@ def test_a_stale_execution_cannot_overwrite_the_run_row_of_the_one_that_took_ove
                                               lease_runs_out_and_the_run_id_is_replayed)
     (took_over,) = outcomes
     assert took_over.status == "succeeded" and took_over.succeeded == 30
+    assert took_over.took_over.startswith(f"took over the {first.job_name} lease and marked run same execution "
+                                          f"{first.execution_id} abandoned: its lease ran out at ")
     assert stale.status == "failed" and "lease" in stale.error_message
-    row = first.ledger.run_row("same")
-    assert (row["status"], row["execution_id"], row["succeeded_rows"]) == ("succeeded", replay.execution_id, 30)
+    # The stale execution, still working, cannot rewrite either row: each keeps its own.
+    rows = {r["execution_id"]: r for r in first.ledger.executions("same")}
+    assert (rows[replay.execution_id]["status"], rows[replay.execution_id]["succeeded_rows"]) == ("succeeded", 30)
+    abandoned = rows[first.execution_id]
+    assert abandoned["status"] == "abandoned" and abandoned["ended_at"] is not None
+    assert abandoned["error_message"].startswith("abandoned: its lease ran out at ")
+    assert f"execution {replay.execution_id} of run same took over" in abandoned["error_message"]
     assert replay.table_id != first.table_id  # each execution its own candidate table

@@ -39,9 +39,9 @@ def test_runs_lists_the_newest_first_with_their_counts(ledger, monkeypatch):
     result = invoke(monkeypatch, ledger, "runs", "--job", "cli_job")
     assert result.exit_code == 0, result.output
     header, *rows = result.output.strip().splitlines()
-    assert header.split()[:4] == ["job", "run_id", "status", "started_at"]
+    assert header.split()[:5] == ["job", "run_id", "execution_id", "status", "started_at"]
     assert [r.split()[1] for r in rows] == ["ledger-2", "ledger-1"]
-    assert rows[1].split()[2] == "completed_with_errors" and rows[0].split()[2] == "succeeded"
+    assert rows[1].split()[3] == "completed_with_errors" and rows[0].split()[3] == "succeeded"
     only = json.loads(invoke(monkeypatch, ledger, "runs", "--run-id", "ledger-1", "--json").output)
     assert [(r["run_id"], r["succeeded_rows"], r["permanently_failed_rows"]) for r in only] == [("ledger-1", 36, 4)]
     failed = json.loads(invoke(monkeypatch, ledger, "runs", "--status", "completed_with_errors", "--json").output)

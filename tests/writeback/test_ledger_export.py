@@ -20,7 +20,8 @@ def source(bq_client):
 
 def test_ledger_export_to_bigquery(make_runner, source, bq_client, control_conn):
     state = new_state()
-    make_runner(make_config(source), state, job_name="export").run(context("exp-1"))
+    runner = make_runner(make_config(source), state, job_name="export")
+    runner.run(context("exp-1"))
     dataset = f"ctl_{uuid.uuid4().hex[:6]}"
     counts = export_ledger(control_conn, bq_client, "nexus-test", dataset, chunk=7)
     expected_records = control_conn.execute("SELECT count(*) FROM outbound_records").fetchone()[0]
@@ -29,7 +30,9 @@ def test_ledger_export_to_bigquery(make_runner, source, bq_client, control_conn)
     rows = list(bq_client.query(f"SELECT status, COUNT(*) AS n FROM `{dataset}.outbound_records` "
                                 "WHERE job_name = 'export' GROUP BY status ORDER BY status").result())
     assert [(r["status"], r["n"]) for r in rows] == [("permanent_failed", 2), ("succeeded", 38)]
-    (run,) = bq_client.query(f"SELECT crm_api_usage FROM `{dataset}.outbound_runs` WHERE run_id = 'exp-1'").result()
-    assert run["crm_api_usage"] == "2/15000"  # the CRM's Sforce-Limit-Info, for analysts too
+    (run,) = bq_client.query(f"SELECT crm_api_usage, execution_id FROM `{dataset}.outbound_runs` "
+                             "WHERE run_id = 'exp-1'").result()
+    # the CRM's Sforce-Limit-Info (describe, the upsert, its read-back), for analysts too
+    assert run["crm_api_usage"] == "3/15000" and run["execution_id"] == runner.execution_id
     again = export_ledger(control_conn, bq_client, "nexus-test", dataset)
     assert again["outbound_records"] == expected_records  # replaced, not appended

@@ -159,3 +159,30 @@ def test_a_run_id_that_is_not_one_printable_token_is_refused_before_anything_run
                                        "--run-id", "run\nforged line"], env={"NEXUS_PG_DSN": "host=127.0.0.1 port=1"})
     assert result.exit_code == 2 and "Invalid value for --run-id" in result.output
     assert "forged line" not in result.output
+
+
+def test_run_job_cli_line_names_the_live_holder_of_a_skip_and_the_dead_one_taken_over(tmp_path, cli_env, source,
+                                                                                       control_dsn):
+    from datetime import timedelta
+
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.writeback.ledger import Ledger
+
+    path = write_config(tmp_path, source, local_mode=True)
+    runner = CliRunner()
+    with connect(control_dsn) as holder_conn:
+        holder = Ledger(holder_conn, "month_end_arr", "Month_End_ARR__c")
+        lease = holder.acquire_lease("holding", timedelta(minutes=30))
+        holder.start_run("holding", dry_run=False, options={}, lease_token=lease.token)
+        skipped = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path, "--run-id", "cli-skip"])
+        assert skipped.exit_code == 0, skipped.output
+        assert skipped.output.splitlines()[0] == (
+            "month_end_arr run cli-skip: skipped_already_running (selected=0, unchanged=0, succeeded=0, "
+            "retryable_failed=0, permanently_failed=0, new_permanent_failures=0, blocking_failures=0, deferred=0, "
+            "batches=0, crm_calls=0, read_back_calls=0): another execution holds the month_end_arr lease: run "
+            f"holding (execution {holder.execution_id}) holds it until {lease.expires_at:%Y-%m-%d %H:%M:%S} UTC")
+    # the holder's session is gone now
+    took = runner.invoke(main, ["run-job", "--job", "month_end_arr", "--config", path, "--run-id", "cli-took"])
+    assert took.exit_code in (0, 2), took.output
+    assert (f"(took over the month_end_arr lease and marked run holding execution {holder.execution_id} abandoned: "
+            "its control-plane session ended while it held the lease") in took.output.splitlines()[0]

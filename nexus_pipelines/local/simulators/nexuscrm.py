@@ -1,5 +1,5 @@
 """A stateful NexusCRM simulator: the parts of the Salesforce-compatible REST API v63 the
-writeback uses (OAuth client_credentials, describe, sObject Collections upsert), at least as
+writeback uses (OAuth client_credentials, describe, sObject Collections upsert, SOQL query by external id), at least as
 strict as Salesforce documents them:
 
 - every field value is type-checked (`nexuscrm_fields`): a value of the wrong type or
@@ -9,7 +9,9 @@ strict as Salesforce documents them:
 - the org's daily API allocation (`api_limit`) is enforced: once spent, every endpoint,
   the token endpoint included, answers 403 REQUEST_LIMIT_EXCEEDED; every data response
   carries `Sforce-Limit-Info: api-usage=N/M`;
-- results come back in request order unless a fault reorders them.
+- results come back in request order unless a fault reorders or reverses them;
+- SOQL `GET /query` answers the one shape the writeback sends (`nexuscrm_query`): records
+  by external id, 2,000 per page; a URI beyond 16,384 bytes answers 414.
 
 The request handling is one plain function, `handle(state, request)`, over `NexusCrmState`.
 Two thin adapters expose it:
@@ -51,6 +53,7 @@ from starlette.routing import Route
 
 
 from nexus_pipelines.integrations.nexuscrm import FieldContract
+from nexus_pipelines.local.simulators.nexuscrm_query import QUERY_PAGE_SIZE, MalformedQuery, parse_in_query
 from nexus_pipelines.local.simulators.nexuscrm_fields import FieldSpec, RequestRejected, check_value, record_error
 
 API_VERSION = "v63.0"
@@ -82,6 +85,7 @@ class FaultKind(Enum):
     FAIL_AFTER_APPLY = "fail_after_apply"
     TIMEOUT_AFTER_APPLY = "timeout_after_apply"
     REORDER_RESULTS = "reorder_results"
+    REVERSE_RESULTS = "reverse_results"
     ALTER_RESULT = "alter_result"
     REJECT_REQUEST = "reject_request"
 
@@ -134,6 +138,11 @@ class Fault:
         """Apply the writes, then answer with every result moved one slot on (a broken
         gateway or CRM; Salesforce documents results in request order)."""
         return cls(FaultKind.REORDER_RESULTS)
+
+    @classmethod
+    def reverse_results(cls) -> Fault:
+        """Apply the writes, then answer with the results in reverse request order."""
+        return cls(FaultKind.REVERSE_RESULTS)
 
     @classmethod
     def alter_result(cls, external_id: str, **changes: Any) -> Fault:
@@ -234,6 +243,7 @@ class NexusCrmState:
         self._calls: Counter[str] = Counter()
         self._log: list[RequestLogEntry] = []
         self._api_used = 0
+        self._cursors: dict[str, list[dict[str, Any]]] = {}  # query locator -> every row of its query
         self._last_id = 0
         # Record ids are unique across orgs, as in Salesforce: a second simulated org (or a
         # refreshed sandbox) never hands out an id the first one did.
@@ -299,7 +309,7 @@ class NexusCrmState:
             return dict(obj.records[ids[0]]) if ids else None
 
     def calls(self) -> dict[str, int]:
-        """Requests per endpoint: token, describe, upsert, unknown."""
+        """Requests per endpoint: token, describe, upsert, query, unknown."""
         with self._lock:
             return dict(self._calls)
 
@@ -349,6 +359,7 @@ class SimRequest:
     authorization: str | None
     body: bytes
     base_url: str  # scheme://host[:port] the client called; returned as instance_url
+    query: str = ""  # the URL's raw query string
 
 
 @dataclass(frozen=True)
@@ -360,6 +371,9 @@ class SimResponse:
 
 
 _DESCRIBE = re.compile(r"^/services/data/(?P<version>v[\d.]+)/sobjects/(?P<object>\w+)/describe/?$")
+_QUERY = re.compile(r"^/services/data/(?P<version>v[\d.]+)/query/?$")
+_QUERY_MORE = re.compile(r"^/services/data/(?P<version>v[\d.]+)/query/(?P<locator>[0-9a-f]+)-(?P<offset>\d+)$")
+MAX_URI_BYTES = 16384  # Salesforce answers 414 URI Too Long beyond it
 _UPSERT = re.compile(r"^/services/data/(?P<version>v[\d.]+)/composite/sobjects/(?P<object>\w+)/(?P<field>\w+)/?$")
 _STATUS_ERRORS = {
     401: ("INVALID_SESSION_ID", "Session expired or invalid"),
@@ -395,6 +409,10 @@ def handle(state: NexusCrmState, request: SimRequest) -> SimResponse:
     if state.latency_s:
         time.sleep(state.latency_s)
     describe, upsert = _DESCRIBE.match(request.path), _UPSERT.match(request.path)
+    query, more = _QUERY.match(request.path), _QUERY_MORE.match(request.path)
+    if len(request.path.encode()) + len(request.query.encode()) + 1 > MAX_URI_BYTES:
+        state._note_request("unknown", RequestLogEntry(request.method, request.path, None))
+        return _json(414, [{"errorCode": "URI_TOO_LONG", "message": "URI Too Long"}])
     if request.path == "/services/oauth2/token" and request.method == "POST":
         state._note_request("token", RequestLogEntry(request.method, request.path, None))
         return _token(state, request)
@@ -407,6 +425,12 @@ def handle(state: NexusCrmState, request: SimRequest) -> SimResponse:
             state.expire_tokens()
         run = partial(_upsert, state, upsert["object"], upsert["field"], request.body)
         return _data_call(state, request, upsert["version"], run)
+    if (query or more) and request.method == "GET":
+        state._note_request("query", RequestLogEntry(request.method, request.path, None))
+        version = (query or more)["version"]
+        run = partial(_query, state, version, request.query) if query else partial(
+            _query_more, state, version, more["locator"], int(more["offset"]))
+        return _data_call(state, request, version, run)
     state._note_request("unknown", RequestLogEntry(request.method, request.path, None))
     return _error(404, "NOT_FOUND", "The requested resource does not exist")
 
@@ -455,6 +479,44 @@ def _describe(state: NexusCrmState, object_name: str) -> SimResponse:
             return _error(404, "NOT_FOUND", "The requested resource does not exist")
         fields = [spec.describe() for spec in obj.fields.values()]
     return _json(200, {"name": obj.name, "label": obj.name, "custom": True, "createable": True, "fields": fields})
+
+
+def _query(state: NexusCrmState, version: str, raw_query: str) -> SimResponse:
+    soql = parse_qs(raw_query, keep_blank_values=True).get("q", [""])[0]
+    try:
+        query = parse_in_query(soql)
+    except MalformedQuery as exc:
+        return _error(400, "MALFORMED_QUERY", str(exc))
+    with state._lock:
+        obj = state._objects.get(query.object_name)
+        if obj is None:
+            return _error(400, "INVALID_TYPE", f"sObject type '{query.object_name}' is not supported.")
+        for name in (*query.fields, query.key):
+            if name not in obj.fields:
+                return _error(400, "INVALID_FIELD", f"No such column '{name}' on entity '{obj.name}'.")
+        ids = [rid for value in dict.fromkeys(query.values) for rid in obj.find(query.key, value)]
+        rows = [{"attributes": {"type": obj.name, "url": f"/services/data/{version}/sobjects/{obj.name}/{rid}"},
+                 **{name: obj.records[rid].get(name) for name in query.fields}} for rid in ids]
+        locator = secrets.token_hex(8)
+        if len(rows) > QUERY_PAGE_SIZE:
+            state._cursors[locator] = rows
+    return _query_page(version, rows, locator, 0)
+
+
+def _query_more(state: NexusCrmState, version: str, locator: str, offset: int) -> SimResponse:
+    with state._lock:
+        rows = state._cursors.get(locator)
+    if rows is None or offset % QUERY_PAGE_SIZE or offset >= len(rows):
+        return _error(400, "INVALID_QUERY_LOCATOR", "invalid query locator")
+    return _query_page(version, rows, locator, offset)
+
+
+def _query_page(version: str, rows: list[dict[str, Any]], locator: str, offset: int) -> SimResponse:
+    end = offset + QUERY_PAGE_SIZE
+    page: dict[str, Any] = {"totalSize": len(rows), "done": end >= len(rows), "records": rows[offset:end]}
+    if not page["done"]:
+        page["nextRecordsUrl"] = f"/services/data/{version}/query/{locator}-{end}"
+    return _json(200, page)
 
 
 def _reject_number_constant(name: str) -> Any:
@@ -542,6 +604,8 @@ def _after_apply(fault: Fault | None, results: list[Any], key_field: str, record
         return SimResponse(504, b"", {}, hang_s=fault.hang_s)
     if kind is FaultKind.REORDER_RESULTS:
         results = results[-1:] + results[:-1]
+    if kind is FaultKind.REVERSE_RESULTS:
+        results = results[::-1]
     keys = [str(r.get(key_field)) if isinstance(r, dict) else None for r in records]
     chosen = [i for i, key in enumerate(keys) if fault and key in fault.external_ids]
     if kind is FaultKind.ALTER_RESULT:
@@ -646,7 +710,8 @@ class SimulatorTransport(httpx.BaseTransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         base_url = f"{request.url.scheme}://{request.url.netloc.decode('ascii')}"
         auth = request.headers.get("authorization")
-        sim = handle(self.state, SimRequest(request.method, request.url.path, auth, request.read(), base_url))
+        sim = handle(self.state, SimRequest(request.method, request.url.path, auth, request.read(), base_url,
+                                            request.url.query.decode("ascii")))
         if sim.hang_s is not None:
             raise httpx.ReadTimeout("simulated read timeout after the write was applied", request=request)
         return httpx.Response(sim.status, headers=sim.headers, content=sim.body, request=request)
@@ -656,7 +721,8 @@ def build_nexuscrm_app(state: NexusCrmState) -> Starlette:
     async def endpoint(request: Request) -> Response:
         base_url = str(request.base_url).rstrip("/")
         auth = request.headers.get("authorization")
-        sim_request = SimRequest(request.method, request.url.path, auth, await request.body(), base_url)
+        sim_request = SimRequest(request.method, request.url.path, auth, await request.body(), base_url,
+                                 request.url.query)
         # handle() takes locks and may sleep (latency), so it runs off the event loop.
         sim = await run_in_threadpool(handle, state, sim_request)
         if sim.hang_s is not None:
