@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import httpx
 from pydantic import ValidationError
@@ -22,8 +23,10 @@ from pydantic import ValidationError
 from nexus_pipelines.connectors.core.values import (
     DETAIL_MAX_CHARS,
     AmbiguousWrite,
+    CloseExternalIssueResult,
     CloseFailure,
     ConnectorAttempt,
+    ConnectorReceipt,
     FetchFailure,
 )
 from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout, origin_of
@@ -111,18 +114,53 @@ class MarkerLookup:
     problem: Problem | None = None
 
 
+# A reconciliation read that fails retryably (a 5xx on the issue or its comments) is asked
+# again inside the same invocation, at most this many times in all: every read goes through
+# `send`, so none outlives the invocation's deadline. Reads only: a write is never repeated here.
+RECONCILE_READS = 3
+
+T = TypeVar("T")
+
+
+def _reread(read: Callable[[], T], problem_of: Callable[[T], Problem | None]) -> T:
+    for _ in range(RECONCILE_READS - 1):
+        result = read()
+        problem = problem_of(result)
+        if problem is None or problem.retry_class != "retryable":
+            return result
+    return read()
+
+
+def lookup_marker(find_marker: Callable[[], MarkerLookup]) -> MarkerLookup:
+    """The marker lookup, read again while it is inconclusive for a retryable reason."""
+    return _reread(find_marker, lambda lookup: lookup.problem)
+
+
 def after_comment_write(problem: Problem,
                         find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | AmbiguousWrite | None]:
     """The comment write failed with `problem`: (the comment id found by its marker, None) or
     (None, the failure to return). Only a write that may have landed is looked up (CX-09)."""
     if not problem.maybe_written:
         return None, close_failure(problem)
-    lookup = find_marker()
+    lookup = lookup_marker(find_marker)
     if lookup.found is not None:
         return lookup.found, None
     if lookup.problem is None:
         return None, close_failure(problem, "reconciled_absent")
     return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:DETAIL_MAX_CHARS])
+
+
+def after_close_write(problem: Problem, read_closed: Callable[[], bool | Problem],
+                      receipt: Callable[[], ConnectorReceipt]) -> CloseExternalIssueResult:
+    """The close write failed with `problem`: a write that may have landed is settled by the
+    issue's state (closed: the receipt; open: reconciled absent; unreadable: ambiguous)."""
+    if not problem.maybe_written:
+        return close_failure(problem)
+    closed = _reread(read_closed, lambda answer: answer if isinstance(answer, Problem) else None)
+    if isinstance(closed, Problem):
+        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read "
+                                     f"({closed.detail})"[:DETAIL_MAX_CHARS])
+    return receipt() if closed else close_failure(problem, "reconciled_absent")
 
 
 class Deadline:

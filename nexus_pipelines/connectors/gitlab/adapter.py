@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, Valid
 
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.values import (
-    AmbiguousWrite,
     CloseExternalIssue,
     CloseExternalIssueResult,
     CloseFailure,
@@ -39,12 +38,14 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     MarkerLookup,
     Problem,
+    after_close_write,
     after_comment_write,
     body_is_truncated,
     close_failure,
     exception_problem,
     fetch_failure,
     first_error,
+    lookup_marker,
     next_link,
     other_status_problem,
     redirect_problem,
@@ -253,7 +254,7 @@ class GitLabConnector:
         base = f"{self._prefix}/projects/{self._project}/issues/{iid}"
         note_id = None
         if command.reconcile_first:
-            lookup = self._find_marker(base, command.marker, deadline)
+            lookup = lookup_marker(lambda: self._find_marker(base, command.marker, deadline))
             if lookup.problem is not None:
                 return close_failure(lookup.problem)
             note_id = lookup.found
@@ -294,17 +295,19 @@ class GitLabConnector:
                                "closed", maybe_written=True)
         if problem is None:
             problem = _status_problem(response, "closing the issue")
-        if not problem.maybe_written:
-            return close_failure(problem)
+        return after_close_write(problem, lambda: self._read_closed(base, deadline),
+                                 lambda: self._receipt(command, note_id))
+
+    def _read_closed(self, base: str, deadline: Deadline) -> bool | Problem:
         state = self._send("GET", base, deadline, "get_issue")
-        if isinstance(state, httpx.Response) and state.status_code == 200:
-            try:
-                if _ONE_ISSUE.validate_json(state.content).state == "closed":
-                    return self._receipt(command, note_id)
-                return close_failure(problem, "reconciled_absent")
-            except ValidationError:
-                pass
-        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read"[:300])
+        if isinstance(state, Problem):
+            return state
+        if state.status_code != 200:
+            return _status_problem(state, "reading the issue")
+        try:
+            return _ONE_ISSUE.validate_json(state.content).state == "closed"
+        except ValidationError:
+            return Problem("retryable", "transport_protocol", "reading the issue: the body does not parse")
 
     @staticmethod
     def _receipt(command: CloseExternalIssue, note_id: str) -> ConnectorReceipt:
