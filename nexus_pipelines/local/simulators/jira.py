@@ -7,7 +7,8 @@ hold at most 100 issues when fields beyond id/key are asked; `nextPageToken` is 
 the last page, bound to its query and expires after 7 days; `isLast`), `GET /issue/{id}`,
 comments (`GET` with `startAt`/`maxResults`/`orderBy=created` and `total`; `POST` with an
 ADF `body`, 201; a comment touches the issue's `updated`), transitions (`GET` lists what
-the account may do from the issue's status, nothing without Transition issues; `POST`
+the account may do from the issue's status, a global transition even in its own
+destination status, nothing without Transition issues; `POST`
 with `{"transition": {"id": ...}}`, 204, 400 for a transition that is not available),
 HTTP basic auth with an email and an API token with scopes (`read:jira-work` for reads,
 `write:jira-work` for writes: 401 "Unauthorized; scope does not match" otherwise; expiry,
@@ -82,7 +83,7 @@ class WorkflowTransition:
     id: int
     name: str
     to: int
-    sources: tuple[int, ...] | None = None  # None: a global transition, from any other status
+    sources: tuple[int, ...] | None = None  # None: a global transition, from any status (its own too)
     requires_resolution: bool = False  # its screen asks for a resolution
 
 
@@ -565,8 +566,9 @@ class JiraSimulator(Simulator):
     def _available(self, site: str, issue: Issue, account: Account) -> list[WorkflowTransition]:
         if not self._may(site, issue.project_id, account, TRANSITION):
             return []
-        return [t for t in WORKFLOWS[issue.issuetype] if t.to != issue.status
-                and (t.sources is None or issue.status in t.sources)]
+        # A global ("from any status") transition is offered in every status, its own
+        # destination included, as Jira does unless a condition hides it.
+        return [t for t in WORKFLOWS[issue.issuetype] if t.sources is None or issue.status in t.sources]
 
     def _get_transitions(self, request: SimRequest, site: str, issue: Issue, account: Account,
                          render: _Render) -> SimResponse:

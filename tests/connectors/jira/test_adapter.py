@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
 
 from nexus_pipelines.connectors.core.values import (
@@ -23,10 +24,11 @@ from nexus_pipelines.connectors.core.values import (
 )
 from nexus_pipelines.connectors.jira.adf import to_adf, to_text
 from nexus_pipelines.connectors.jira.cursor import JiraCursor, jql_minute
+from nexus_pipelines.connectors.provider_http import RECONCILE_READS
 from nexus_pipelines.local.simulators.http import Fault
 from nexus_pipelines.local.simulators.jira import BROWSE, BUG, READ_SCOPE, RateLimit
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.jira.harness import BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
+from tests.connectors.jira.harness import API_URL, BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
 
 
 @pytest.fixture
@@ -295,7 +297,8 @@ def test_each_close_lists_the_issues_transitions_and_uses_its_own_work_types_id(
         world.clear_requests()
         result, _ = executor().close(world.adapter(), close_command(world.ref(issue.id), ticket=n))
         assert isinstance(result, ConnectorReceipt) and world.issue_state(world.ref(issue.id)) == "closed"
-        assert close_calls(world) == [("GET", "transitions"), ("POST", "comment"), ("POST", "transitions")]
+        assert close_calls(world) == [("GET", str(issue.id)), ("GET", "transitions"), ("POST", "comment"),
+                                      ("POST", "transitions")]
     bodies = [json.loads(r.content) for r in world.transport.requests if r.method == "POST" and
               r.url.path.endswith("/transitions")]
     assert bodies == [{"transition": {"id": "51"}}]  # the bug's workflow: "Resolve", not the task's "Done" (31)
@@ -306,7 +309,22 @@ def test_an_issue_already_done_gets_its_comment_and_no_transition(world):
     world.state.update_issue(world.cloud_id, world.issue_id(ref), status=10002)
     result, _ = executor().close(world.adapter(), close_command(ref))
     assert isinstance(result, ConnectorReceipt)
-    assert close_calls(world) == [("GET", "transitions"), ("GET", str(world.issue_id(ref))), ("POST", "comment")]
+    assert close_calls(world) == [("GET", str(world.issue_id(ref))), ("POST", "comment")]
+
+
+def test_a_replayed_close_of_a_done_issue_makes_no_second_transition_though_a_global_done_is_offered(world):
+    (ref,) = world.add_issues(1)  # a task: its workflow has a global ("from any status") Done
+    command = close_command(ref)
+    assert isinstance(executor().close(world.adapter(), command)[0], ConnectorReceipt)
+    basic = base64.b64encode(f"{EMAIL}:{world.token}".encode()).decode()
+    with httpx.Client(transport=world.transport, base_url=API_URL) as client:
+        offered = client.get(f"/ex/jira/{world.cloud_id}/rest/api/3/issue/{world.issue_id(ref)}/transitions",
+                             headers={"Authorization": f"Basic {basic}"}).json()
+    assert "10002" in [t["to"]["id"] for t in offered["transitions"]]  # Done is offered while Done, as in Jira
+    for _ in range(5):
+        replayed, _ = executor().close(world.adapter(), command.model_copy(update={"reconcile_first": True}))
+        assert isinstance(replayed, ConnectorReceipt) and replayed.comment_ref.startswith("comment:")
+    assert world.state.calls["do_transition"] == 1 and len(world.comments(ref)) == 1
 
 
 def test_no_transition_to_the_done_status_writes_nothing(world):
@@ -344,7 +362,18 @@ def test_a_comment_deleted_during_the_lookup_makes_it_inconclusive(world):
     (ref,) = world.add_issues(1)
     filler = [{"id": str(n), "body": to_adf(f"c{n}")} for n in range(100)]
     world.fail_next("comment", "apply_then_timeout")
+    shrinking = (Fault(status=200, body={"startAt": 0, "total": 150, "comments": filler}),
+                 Fault(status=200, body={"startAt": 100, "total": 120, "comments": filler[:20]}))
+    world.state.faults.push("get_comments", *shrinking * RECONCILE_READS)  # every read of the lookup sees it
+    result = world.adapter().comment_and_close(close_command(ref), _attempt())
+    assert isinstance(result, AmbiguousWrite) and "deleted" in result.detail
+
+
+def test_a_lookup_that_saw_a_deletion_is_read_again_and_finds_the_marker(world):
+    (ref,) = world.add_issues(1)
+    filler = [{"id": str(n), "body": to_adf(f"c{n}")} for n in range(100)]
+    world.fail_next("comment", "apply_then_timeout")
     world.state.faults.push("get_comments", Fault(status=200, body={"startAt": 0, "total": 150, "comments": filler}),
                             Fault(status=200, body={"startAt": 100, "total": 120, "comments": filler[:20]}))
     result = world.adapter().comment_and_close(close_command(ref), _attempt())
-    assert isinstance(result, AmbiguousWrite) and "deleted" in result.detail
+    assert isinstance(result, ConnectorReceipt) and len(world.comments(ref)) == 1
