@@ -219,13 +219,18 @@ def test_transitions_belong_to_the_work_types_workflow_and_the_current_status(st
     task, bug = seed(state, 1)[0], state.add_issue(SITE, 10000, summary="bug", issuetype=BUG)
     listed = {i.issuetype: {t["id"]: t["to"]["id"] for t in client.get(f"/issue/{i.id}/transitions").json()
                             ["transitions"]} for i in (task, bug)}
-    assert listed == {10001: {"21": "10001", "31": "10002"}, BUG: {"41": "10001", "51": "10002", "71": "10003"}}
+    # the task's global transitions are all offered, "To Do" (11) while the task is To Do too
+    assert listed == {10001: {"11": "10000", "21": "10001", "31": "10002"},
+                      BUG: {"41": "10001", "51": "10002", "71": "10003"}}
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "31"}}).status_code == 400
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "71"}}).status_code == 400
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": 51}).status_code == 400
     done = client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "51"}})
     assert done.status_code == 204 and done.content == b"" and state.issue(SITE, bug.id).status == 10002
     assert "51" not in {t["id"] for t in client.get(f"/issue/{bug.id}/transitions").json()["transitions"]}
+    assert client.post(f"/issue/{task.id}/transitions", json={"transition": {"id": "31"}}).status_code == 204
+    again = client.get(f"/issue/{task.id}/transitions").json()["transitions"]
+    assert {"31": True} == {t["id"]: t["isGlobal"] for t in again if t["to"]["id"] == "10002"}  # Done while Done
 
 
 # -- faults ------------------------------------------------------------------------------------
