@@ -5,7 +5,8 @@ Listing: `GET /rest/api/3/search/jql` (the enhanced search) with
 `maxResults` = the core's page bound and only the mapped `fields`; the next page is the
 same query with Jira's `nextPageToken`. One request per invocation. Identity:
 `jira:<cloud id>:<issue id>`; the issue key is presentation only (it changes when an
-issue moves). Work types in `excluded_issue_type_ids` are skipped and counted.
+issue moves). Sub-tasks (the issue's own `issuetype.subtask` or `hierarchyLevel` -1: a site
+has several sub-task types, a team-managed project its own) are skipped and counted.
 Close-back is in `closeback.py`. A 3xx is never followed.
 """
 
@@ -62,7 +63,6 @@ class JiraConnector:
         self._config = config
         self._zone = ZoneInfo(config.jql_time_zone)
         self._rest = httpx.URL(config.api_url).path.rstrip("/") + config.rest_prefix
-        self._excluded = frozenset(str(i) for i in config.excluded_issue_type_ids)
         self._http = make_client(
             config.api_url, transport=context.transport, counter=context.counter,
             auth=HeaderTokenAuth("Authorization", _basic(config.email, token), scheme="Basic"),
@@ -119,7 +119,7 @@ class JiraConnector:
             if floor is not None and item.fields.updated < floor:
                 return _invalid(f"issue {item.id} was updated before the query's bound: is provider.jql_time_zone "
                                 "the calling account's profile time zone?")
-            if item.fields.issuetype.id in self._excluded:
+            if item.fields.issuetype.is_subtask:  # a sub-task belongs to its parent's ticket
                 excluded += 1
                 continue
             try:

@@ -21,7 +21,9 @@ update between two page requests moves the issue in the next page (the page toke
 keyset position over the query's sort order; `offset_page_tokens` makes it an offset, as
 an opaque token may be), and `index_lag` keeps a change out of search results for a
 while, as Jira's eventually consistent search may. Each work type has its
-own workflow, so transition ids differ between types.
+own workflow, so transition ids differ between types. A site has several sub-task types
+(`subtask` true, `hierarchyLevel` -1) and a team-managed project types of its own
+(`scope` names the project).
 """
 
 from __future__ import annotations
@@ -55,8 +57,26 @@ FIELDS = ("summary", "description", "labels", "reporter", "status", "updated", "
 STATUSES = {10000: ("To Do", "new"), 10001: ("In Progress", "indeterminate"), 10002: ("Done", "done"),
             10003: ("Won't Do", "done")}
 CATEGORIES = {"new": (2, "To Do"), "indeterminate": (4, "In Progress"), "done": (3, "Done")}
-TASK, BUG, SUBTASK = 10001, 10004, 10003
-ISSUE_TYPES = {TASK: ("Task", False), BUG: ("Bug", False), SUBTASK: ("Sub-task", True)}
+TASK, BUG, SUBTASK, REVIEW_SUBTASK, EPIC = 10001, 10004, 10003, 10005, 10000
+
+
+@dataclass(frozen=True)
+class IssueType:
+    """A work type: Jira's hierarchy levels are 1 for an epic, 0 for a base type and -1 for
+    a sub-task (`subtask` true); a team-managed project's types are its own (`project_id`)."""
+
+    name: str
+    hierarchy_level: int = 0
+    project_id: int | None = None  # None: a company-managed type, shared by the site
+
+    @property
+    def subtask(self) -> bool:
+        return self.hierarchy_level == -1
+
+
+# A site has several sub-task types; team-managed projects add their own (`add_issue_type`).
+ISSUE_TYPES = {TASK: IssueType("Task"), BUG: IssueType("Bug"), SUBTASK: IssueType("Sub-task", -1),
+               REVIEW_SUBTASK: IssueType("Review", -1), EPIC: IssueType("Epic", 1)}
 
 _REST = r"^/ex/jira/([0-9a-f-]{36})/rest/api/3"
 _ROUTES = (
@@ -95,7 +115,7 @@ WORKFLOWS = {
           WorkflowTransition(61, "Reopen", 10000, (10002, 10003)),
           WorkflowTransition(71, "Won't do", 10003, (10000, 10001), requires_resolution=True)),
 }
-WORKFLOWS[SUBTASK] = WORKFLOWS[TASK]
+WORKFLOWS[SUBTASK] = WORKFLOWS[REVIEW_SUBTASK] = WORKFLOWS[EPIC] = WORKFLOWS[TASK]
 
 
 @dataclass
@@ -164,6 +184,7 @@ class JiraState:
         self.issues: dict[tuple[str, int], Issue] = {}
         self.accounts: dict[str, Account] = {}  # by account id
         self.tokens: dict[str, ApiToken] = {}
+        self.issue_types: dict[int, IssueType] = dict(ISSUE_TYPES)
         self.faults = FaultQueue()
         self.rate_limit: RateLimit | None = None
         # Jira: "Recent updates might not be immediately visible in the returned search results."
@@ -195,6 +216,13 @@ class JiraState:
             self.accounts[account_id] = account
             return account
 
+    def add_issue_type(self, type_id: int, name: str, *, hierarchy_level: int = 0,
+                       project_id: int | None = None) -> IssueType:
+        """A work type; with `project_id`, one of that team-managed project's own (its workflow is the task's)."""
+        with self._lock:
+            self.issue_types[type_id] = IssueType(name, hierarchy_level, project_id)
+            return self.issue_types[type_id]
+
     def add_token(self, value: str, email_address: str, *, scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE),
                   expires_at: datetime | None = None) -> ApiToken:
         with self._lock:
@@ -216,6 +244,9 @@ class JiraState:
                   status: int = 10000) -> Issue:
         with self._lock:
             project = self.projects[(cloud_id, project_id)]
+            scope = self.issue_types[issuetype].project_id
+            if scope not in (None, project_id):
+                raise ValueError(f"issue type {issuetype} belongs to team-managed project {scope}")
             project.numbers += 1
             now = updated_at or self.clock.now()
             issue = Issue(next(self._ids), f"{project.key}-{project.numbers}", project_id, summary,
@@ -272,6 +303,7 @@ class JiraState:
         with self._lock:
             data = {"projects": [{"site": site, **asdict(p), "grants": {}} for (site, _), p in self.projects.items()],
                     "issues": [{"site": site, **asdict(i)} for (site, _), i in self.issues.items()],
+                    "issue_types": {str(k): asdict(t) for k, t in self.issue_types.items()},
                     "next_id": next(self._ids)}
         save_data(path, data)
 
@@ -291,6 +323,8 @@ class JiraState:
                 for name in ("created", "updated"):
                     raw[name] = datetime.fromisoformat(raw[name])
                 self.issues[(site, raw["id"])] = Issue(**raw)
+            for type_id, raw in data.get("issue_types", {}).items():
+                self.issue_types[int(type_id)] = IssueType(**raw)
             self._ids = itertools.count(data["next_id"])
         return True
 
@@ -378,15 +412,19 @@ class _Render:
 
     def issue(self, issue: Issue, fields: set[str]) -> dict[str, Any]:
         project = self.state.projects[(self.site, issue.project_id)]
-        type_name, subtask = ISSUE_TYPES[issue.issuetype]
+        kind = self.state.issue_types[issue.issuetype]
+        issuetype = {"self": f"{self.base}/rest/api/3/issuetype/{issue.issuetype}", "id": str(issue.issuetype),
+                     "description": "", "name": kind.name, "subtask": kind.subtask,
+                     "hierarchyLevel": kind.hierarchy_level, "avatarId": 10318}
+        if kind.project_id is not None:
+            issuetype["scope"] = {"type": "PROJECT", "project": {"id": str(kind.project_id)}}
         every = {
             "summary": issue.summary, "description": issue.description, "labels": list(issue.labels),
             "reporter": self.user(issue.reporter) if issue.reporter else None, "status": self.status(issue.status),
             "updated": jira_time(issue.updated, self.zone), "created": jira_time(issue.created, self.zone),
             "project": {"self": f"{self.base}/rest/api/3/project/{project.id}", "id": str(project.id),
                         "key": project.key, "name": project.name, "projectTypeKey": "software"},
-            "issuetype": {"self": f"{self.base}/rest/api/3/issuetype/{issue.issuetype}", "id": str(issue.issuetype),
-                          "name": type_name, "subtask": subtask, "hierarchyLevel": -1 if subtask else 0},
+            "issuetype": issuetype,
         }
         payload = {"expand": "renderedFields,names,schema,operations,editmeta,changelog,versionedRepresentations",
                    "id": str(issue.id), "self": f"{self.base}/rest/api/3/issue/{issue.id}", "key": issue.key}
@@ -568,7 +606,8 @@ class JiraSimulator(Simulator):
             return []
         # A global ("from any status") transition is offered in every status, its own
         # destination included, as Jira does unless a condition hides it.
-        return [t for t in WORKFLOWS[issue.issuetype] if t.sources is None or issue.status in t.sources]
+        workflow = WORKFLOWS.get(issue.issuetype, WORKFLOWS[TASK])  # a team-managed type: the task's workflow
+        return [t for t in workflow if t.sources is None or issue.status in t.sources]
 
     def _get_transitions(self, request: SimRequest, site: str, issue: Issue, account: Account,
                          render: _Render) -> SimResponse:

@@ -80,7 +80,7 @@ class JiraWorld(SimulatorWorld):
     def provider(self, **changes) -> dict:
         return {"api_url": API_URL, "site_url": SITE_URL, "cloud_id": self.cloud_id, "project_id": self.project_id,
                 "done_status_id": DONE_STATUS, "jql_time_zone": TIME_ZONE, "email": EMAIL,
-                "token": f"env:{TOKEN_ENV}", "excluded_issue_type_ids": [SUBTASK], **changes}
+                "token": f"env:{TOKEN_ENV}", **changes}
 
     def registration(self, *, key: str = "conformance", tenant: str = "acme", project: str = "conformance",
                      page_size: int = 100, **provider) -> Registration:

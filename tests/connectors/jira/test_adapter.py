@@ -14,6 +14,7 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
+from nexus_pipelines.connectors.core.registration import RegistrationError
 from nexus_pipelines.connectors.core.values import (
     AmbiguousWrite,
     CloseFailure,
@@ -26,7 +27,7 @@ from nexus_pipelines.connectors.jira.adf import to_adf, to_text
 from nexus_pipelines.connectors.jira.cursor import JiraCursor, jql_minute
 from nexus_pipelines.connectors.provider_http import RECONCILE_READS
 from nexus_pipelines.local.simulators.http import Fault
-from nexus_pipelines.local.simulators.jira import BROWSE, BUG, READ_SCOPE, RateLimit
+from nexus_pipelines.local.simulators.jira import BROWSE, BUG, EPIC, READ_SCOPE, REVIEW_SUBTASK, SUBTASK, RateLimit
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
 from tests.connectors.jira.harness import API_URL, BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
 
@@ -203,7 +204,27 @@ def test_descriptions_labels_reporter_and_done_statuses_map_with_jiras_meaning(w
     assert mapped.external_state == "closed" and mapped.title == "mapped" and str(issue.id) in mapped.external_ref
 
 
+def test_every_sub_task_type_of_the_site_and_of_a_team_managed_project_is_skipped_by_its_own_payload(world):
+    world.state.add_issue_type(10100, "Subtask", hierarchy_level=-1, project_id=PROJECT_ID)  # team-managed
+    world.state.add_issue_type(10101, "Story", project_id=PROJECT_ID)
+    kept = [world.state.add_issue(world.cloud_id, PROJECT_ID, summary=t, issuetype=k)
+            for t, k in (("a task", 10001), ("a story", 10101), ("an epic", EPIC))]
+    for kind in (SUBTASK, REVIEW_SUBTASK, 10100):
+        world.state.add_issue(world.cloud_id, PROJECT_ID, summary=f"sub-task {kind}", issuetype=kind)
+    world.advance(1)
+    result = fetch(world)
+    assert isinstance(result, ExternalIssuePage) and result.excluded == 3
+    assert sorted(i.title for i in result.issues) == sorted(i.summary for i in kept)
+
+
+def test_a_registration_that_still_lists_excluded_issue_type_ids_is_refused_in_one_line(world):
+    with pytest.raises(RegistrationError) as refused:
+        world.registration(excluded_issue_type_ids=[10003])
+    assert "excluded_issue_type_ids is no longer read" in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("change, why", [
+    ({"fields": {"issuetype": {"id": "10003"}}}, "subtask"),
     ({"fields": {"project": {"id": "99999"}}}, "belongs to project 99999"),
     ({"fields": {"status": {"id": "1", "statusCategory": {"key": "in-flight"}}}}, "status category"),
     ({"fields": {"updated": "2026-11-01 09:00"}}, "updated"),
@@ -214,7 +235,7 @@ def test_a_payload_that_breaks_jiras_schema_is_refused_whole(world, change, why)
     valid = {"id": "10001", "key": "PLAT-1", "fields": {
         "summary": "s", "description": None, "labels": [], "reporter": None, "updated": "2026-11-01T09:00:00.000+0000",
         "status": {"id": "10000", "statusCategory": {"key": "new"}}, "project": {"id": str(PROJECT_ID)},
-        "issuetype": {"id": "10001"}}}
+        "issuetype": {"id": "10001", "subtask": False}}}
     broken = {**valid, **{k: v for k, v in change.items() if k != "fields"},
               "fields": {**valid["fields"], **change.get("fields", {})}}
     world.state.faults.push("search_issues", Fault(status=200, body={"issues": [valid, broken], "isLast": True}))

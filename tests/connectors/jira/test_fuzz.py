@@ -23,7 +23,7 @@ FIELDS = {
         {"type": "paragraph", "content": [{"type": "text", "text": "d"}]}]},
     "labels": ["a"], "reporter": {"accountId": "5b10a2844c20165700ede21g", "displayName": "R"},
     "status": {"id": "10000", "statusCategory": {"key": "new"}}, "updated": "2026-11-01T09:00:00.000+0000",
-    "project": {"id": str(PROJECT_ID)}, "issuetype": {"id": "10001"},
+    "project": {"id": str(PROJECT_ID)}, "issuetype": {"id": "10001", "subtask": False},
 }
 
 
