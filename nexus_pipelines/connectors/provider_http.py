@@ -29,7 +29,7 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorReceipt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, bounded_timeout, origin_of
+from nexus_pipelines.integrations.http import ENDPOINT, BodyTooLarge, EgressRefused, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
 
 
@@ -47,6 +47,8 @@ def exception_problem(exc: Exception) -> Problem:
     name = type(exc).__name__
     if isinstance(exc, EgressRefused):
         return Problem("terminal", "contract_violation", one_line(str(exc), 200))
+    if isinstance(exc, BodyTooLarge):  # the same answer would come again: a person lowers the page size
+        return Problem("terminal", "invalid_payload", one_line(str(exc), 250), maybe_written=True)
     if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
         return Problem("retryable", "timeout", f"{name}: nothing was sent")
     if isinstance(exc, httpx.TimeoutException):
@@ -176,14 +178,31 @@ class Deadline:
 
 def send(client: httpx.Client, method: str, url: str, deadline: Deadline, endpoint: str,
          **kwargs) -> httpx.Response | Problem:
-    """One request inside the invocation's budget; a transport failure comes back as its Problem."""
+    """One request inside the invocation's budget; a transport failure, an oversized body or
+    an HTML page in place of the API's answer comes back as its Problem."""
     timeout = deadline.timeout()
     if timeout is None:
         return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
     try:
-        return client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+        response = client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every transport failure is classified
         return exception_problem(exc)
+    return html_page_problem(response, endpoint) or response
+
+
+def html_page_problem(response: httpx.Response, endpoint: str) -> Problem | None:
+    """A 2xx HTML page is no API answer: a proxy, captive portal or sign-in page stands in the
+    way, and asking again gets the same page (terminal). A write may still have gone through."""
+    if not 200 <= response.status_code < 300:
+        return None
+    kind = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    start = response.content[:64].lstrip().lower()
+    if kind not in ("text/html", "application/xhtml+xml") and not start.startswith((b"<!doctype html", b"<html")):
+        return None
+    return Problem("terminal", "invalid_payload",
+                   f"{endpoint}: HTTP {response.status_code} answered with an HTML page, not the API's JSON (a "
+                   f"proxy, captive portal or sign-in page in front of {origin_of(response.request.url)}); check "
+                   "the network path and the configured URL", maybe_written=response.request.method != "GET")
 
 
 def next_link(response: httpx.Response) -> str | None:
@@ -202,12 +221,6 @@ def served_at(response: httpx.Response) -> datetime | None:
         return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
-
-
-def first_error(exc: ValidationError) -> str:
-    """Where a payload broke its schema, without echoing the value."""
-    first = exc.errors(include_input=False)[0]
-    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
 
 
 def body_is_truncated(exc: ValidationError) -> bool:

@@ -2,7 +2,9 @@
 
 `make_client` gives one pooled `httpx.Client` with explicit timeouts, redirects never
 followed, an egress guard (a request to any origin but the configured ones is refused
-before it leaves the process) and call counting per endpoint and outcome. Transports
+before it leaves the process), a cap on each response body's size (read as a stream and
+stopped at the cap, so a runaway answer is never held in memory whole) and call counting
+per endpoint and outcome. Transports
 are injectable, so tests run the project's simulators in process. Nothing here
 retries: retry policy belongs to the caller (the CRM client's section 11 loop, the
 connector core's executor).
@@ -23,8 +25,41 @@ DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=5.0)
 DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 
 
+# The largest response body a client reads (a page of 100 issues with long descriptions
+# fits many times over); a larger one is refused, never parsed.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
 class EgressRefused(httpx.TransportError):
     """A request named an origin this client may not call; nothing was sent."""
+
+
+class BodyTooLarge(httpx.DecodingError):
+    """A response body passed the client's size cap; reading stopped there."""
+
+    def __init__(self, endpoint: str, limit: int, *, request: httpx.Request) -> None:
+        size = f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit} bytes"
+        super().__init__(f"{endpoint}: the response body is larger than the {size} a response may hold; reading "
+                         "stopped there (ask for smaller pages)", request=request)
+        self.limit = limit
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """The raw body, stopped with `BodyTooLarge` as soon as it passes `limit` bytes."""
+
+    def __init__(self, inner: httpx.SyncByteStream, limit: int, endpoint: str, request: httpx.Request) -> None:
+        self._inner, self._limit, self._endpoint, self._request = inner, limit, endpoint, request
+
+    def __iter__(self):
+        seen = 0
+        for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise BodyTooLarge(self._endpoint, self._limit, request=self._request)
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -76,10 +111,12 @@ class CallCounter:
 class GuardedTransport(httpx.BaseTransport):
     """Refuses origins outside the allow-list and counts every request that goes out."""
 
-    def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter) -> None:
+    def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter,
+                 max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self._inner = inner
         self._allowed = frozenset(origin_of(o) for o in allowed_origins)
         self._counter = counter
+        self._max_body = max_body_bytes
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         origin = origin_of(request.url)
@@ -93,6 +130,22 @@ class GuardedTransport(httpx.BaseTransport):
             self._counter.add(endpoint, type(exc).__name__)
             raise
         self._counter.add(endpoint, f"status_{response.status_code}")
+        return self._capped(response, endpoint, request)
+
+    def _capped(self, response: httpx.Response, endpoint: str, request: httpx.Request) -> httpx.Response:
+        """The response with its body held to the cap: refused at once by its Content-Length
+        (or by a body already in memory), else stopped while it streams."""
+        try:
+            held = len(response.content)  # an in-process transport answers with the body read
+        except httpx.ResponseNotRead:
+            held = None
+        declared = response.headers.get("Content-Length", "")
+        if (held or 0) > self._max_body or (declared.isascii() and declared.isdigit()
+                                            and int(declared) > self._max_body):
+            response.close()
+            raise BodyTooLarge(endpoint, self._max_body, request=request)
+        if held is None:
+            response.stream = _CappedStream(response.stream, self._max_body, endpoint, request)
         return response
 
     def close(self) -> None:
@@ -109,10 +162,11 @@ def make_client(
     headers: Mapping[str, str] | None = None,
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,
     limits: httpx.Limits = DEFAULT_LIMITS,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> httpx.Client:
     """A client that may call `base_url`'s origin (and `allowed_origins`) and nothing else."""
     inner = transport if transport is not None else httpx.HTTPTransport(limits=limits)
-    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter())
+    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter(), max_body_bytes)
     return httpx.Client(
         base_url=base_url, transport=guarded, auth=auth, headers=dict(headers or {}), timeout=timeout,
         follow_redirects=False,

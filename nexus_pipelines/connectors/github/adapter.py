@@ -40,6 +40,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.connectors.github.app_auth import (
     CredentialError,
@@ -59,7 +60,6 @@ from nexus_pipelines.connectors.provider_http import (
     body_is_truncated,
     close_failure,
     fetch_failure,
-    first_error,
     next_link,
     send,
     served_at,

@@ -31,6 +31,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.connectors.gitlab.config import GitLabConfig
 from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
@@ -42,9 +43,7 @@ from nexus_pipelines.connectors.provider_http import (
     after_comment_write,
     body_is_truncated,
     close_failure,
-    exception_problem,
     fetch_failure,
-    first_error,
     lookup_marker,
     next_link,
     other_status_problem,
@@ -52,7 +51,7 @@ from nexus_pipelines.connectors.provider_http import (
     send,
     served_at,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of, parse_retry_after
+from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of, parse_retry_after
 
 KIND = "gitlab"
 MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
@@ -165,23 +164,20 @@ class GitLabConnector:
             cursor = GitLabCursor.decode(request.cursor)
         except CursorError as exc:
             return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
-        timeout = Deadline(attempt).timeout()
-        if timeout is None:
-            return FetchFailure(retry_class="retryable", reason="timeout", detail="no budget left for the request")
+        deadline = Deadline(attempt)
         if cursor.next is not None:
             url = httpx.URL(f"{self._origin}{cursor.next}")
         else:
             url = httpx.URL(self._listing, params=_first_page_params(cursor.since, request.page_size))
-        try:
-            response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
-            if (response.status_code == 405 and url.params.get("pagination") == "keyset"
-                    and (timeout := Deadline(attempt).timeout())):
-                # a GitLab without keyset pages for this listing refuses them (405): ask for offset
-                # pages, which the cursor re-anchors (one more call per first page on such a server)
-                url = url.copy_remove_param("pagination")
-                response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
-        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return fetch_failure(exception_problem(exc))
+        response = self._send("GET", url, deadline, "list_issues")
+        if (isinstance(response, httpx.Response) and response.status_code == 405
+                and url.params.get("pagination") == "keyset"):
+            # a GitLab without keyset pages for this listing refuses them (405): ask for offset
+            # pages, which the cursor re-anchors (one more call per first page on such a server)
+            url = url.copy_remove_param("pagination")
+            response = self._send("GET", url, deadline, "list_issues")
+        if isinstance(response, Problem):
+            return fetch_failure(response)
         if response.status_code != 200:
             return fetch_failure(_status_problem(response, "listing issues"))
         try:
@@ -264,7 +260,7 @@ class GitLabConnector:
                 return failure
         return self._close(base, command, note_id, deadline)
 
-    def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+    def _send(self, method: str, url: str | httpx.URL, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
         return send(self._http, method, url, deadline, endpoint, **kwargs)
 
     def _post_note(self, base: str, command: CloseExternalIssue,

@@ -30,6 +30,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.connectors.jira.adf import to_text
 from nexus_pipelines.connectors.jira.closeback import CloseBack
@@ -41,7 +42,6 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     body_is_truncated,
     fetch_failure,
-    first_error,
     send,
     served_at,
 )
