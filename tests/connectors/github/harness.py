@@ -64,9 +64,12 @@ class GitHubWorld(SimulatorWorld):
     route = staticmethod(GitHubSimulator.route)
 
     def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
-                 clock: SimClock | None = None, issue_paging: str = "after", on_sim_clock: bool = False) -> None:
+                 clock: SimClock | None = None, issue_paging: str = "after", on_sim_clock: bool = False,
+                 server_clock_skew_s: float = 0.0) -> None:
         self.private_key, public_key = key_pair or shared_key_pair()
-        self.state = GitHubState(clock or SimClock(datetime.now(UTC).replace(microsecond=0)))
+        # server_clock_skew_s: GitHub's clock runs this far ahead of the local one (negative: behind)
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=server_clock_skew_s)
+        self.state = GitHubState(clock or SimClock(start))
         self.state.issue_paging = issue_paging  # "page": the listing links page numbers only
         # the adapter's own clock is the simulator's, for worlds that move time by hours
         self.registry = _on_clock(lambda: self.state.clock.now().timestamp()) if on_sim_clock else REGISTRY
