@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
 
+import httpx
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
@@ -39,6 +40,16 @@ TRANSPORT_FAULTS = {
     "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
 }
 
+
+class SwitchTransport(httpx.BaseTransport):
+    """Forwards to `inner`, which a world swaps once composition is done (a composition that
+    talks to the provider does so with the simulator; the invocations then meet `inner`)."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.inner.handle_request(request)
 
 
 class SimulatorWorld:

@@ -16,6 +16,7 @@ from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, Tra
 from nexus_pipelines.local.simulators.jira import (
     BUG,
     READ_SCOPE,
+    WRITE_SCOPE,
     JiraSimulator,
     JiraState,
     RateLimit,
@@ -159,6 +160,19 @@ def test_basic_auth_needs_the_tokens_own_email_an_unexpired_token_and_the_scope(
     assert write.status_code == 401 and write.json()["message"] == "Unauthorized; scope does not match"
     state.tokens[token].expires_at = state.clock.now()
     assert search(client).status_code == 401
+
+
+def test_myself_answers_the_calling_account_with_its_profile_zone_and_needs_read_jira_user(state, client, token):
+    me = client.get("/myself")
+    assert me.status_code == 200
+    assert {k: me.json()[k] for k in ("accountId", "emailAddress", "timeZone", "accountType")} == {
+        "accountId": ACCOUNT, "emailAddress": EMAIL, "timeZone": "Europe/Berlin", "accountType": "atlassian"}
+    state.accounts[ACCOUNT].time_zone = "America/Los_Angeles"
+    assert client.get("/myself").json()["timeZone"] == "America/Los_Angeles"
+    assert client.get("/myself", params={"fields": "x"}).status_code == 400
+    state.tokens[token].scopes = (READ_SCOPE, WRITE_SCOPE)
+    refused = client.get("/myself")
+    assert refused.status_code == 401 and refused.json()["message"] == "Unauthorized; scope does not match"
 
 
 def test_without_browse_an_issue_is_not_found_and_without_transition_none_is_listed(state, client):

@@ -7,7 +7,8 @@ same query with Jira's `nextPageToken`. One request per invocation. Identity:
 `jira:<cloud id>:<issue id>`; the issue key is presentation only (it changes when an
 issue moves). Sub-tasks (the issue's own `issuetype.subtask` or `hierarchyLevel` -1: a site
 has several sub-task types, a team-managed project its own) are skipped and counted.
-Close-back is in `closeback.py`. A 3xx is never followed.
+Close-back is in `closeback.py`. A 3xx is never followed. Composition refuses a
+`jql_time_zone` other than the account's profile zone (`account.py`).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchIssuePageResult,
     first_error,
 )
+from nexus_pipelines.connectors.jira.account import JiraAccountRefused, check_profile_zone
 from nexus_pipelines.connectors.jira.adf import to_text
 from nexus_pipelines.connectors.jira.closeback import CloseBack
 from nexus_pipelines.connectors.jira.config import JiraConfig
@@ -153,6 +155,14 @@ class JiraConnector:
             display_url=f"{self._config.site_url.rstrip('/')}/browse/{item.key}",
         )
 
+    def compose_check(self) -> None:
+        """The account's profile zone must be `jql_time_zone` (JiraAccountRefused otherwise)."""
+        try:
+            check_profile_zone(self._http, self._rest, self._config)
+        except JiraAccountRefused:
+            self.close()
+            raise
+
     # -- close ------------------------------------------------------------------------
 
     def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
@@ -164,4 +174,6 @@ def _invalid(detail: str) -> FetchFailure:
 
 
 def build(config: JiraConfig, secrets, context: ComposeContext) -> JiraConnector:
-    return JiraConnector(config, secrets["token"], context)
+    connector = JiraConnector(config, secrets["token"], context)
+    connector.compose_check()
+    return connector

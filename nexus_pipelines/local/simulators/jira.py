@@ -10,9 +10,10 @@ ADF `body`, 201; a comment touches the issue's `updated`), transitions (`GET` li
 the account may do from the issue's status, a global transition even in its own
 destination status, nothing without Transition issues; `POST`
 with `{"transition": {"id": ...}}`, 204, 400 for a transition that is not available),
-HTTP basic auth with an email and an API token with scopes (`read:jira-work` for reads,
-`write:jira-work` for writes: 401 "Unauthorized; scope does not match" otherwise; expiry,
-revocation), project permissions (Browse projects, Add comments, Transition issues), rate
+`GET /myself` (the calling account with its profile `timeZone`), HTTP basic auth with an
+email and an API token with scopes (`read:jira-work` for reads, `write:jira-work` for
+writes, `read:jira-user` for `/myself`: 401 "Unauthorized; scope does not match" otherwise;
+expiry, revocation), project permissions (Browse projects, Add comments, Transition issues), rate
 limits (429 with `Retry-After`, `X-RateLimit-*` and `RateLimit-Reason`) and `Date`.
 
 Times have millisecond precision and are rendered with the account's UTC offset; JQL
@@ -48,7 +49,7 @@ from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, build_app
 from nexus_pipelines.local.simulators.http import load_data, save_data
 
-READ_SCOPE, WRITE_SCOPE = "read:jira-work", "write:jira-work"
+READ_SCOPE, WRITE_SCOPE, USER_SCOPE = "read:jira-work", "write:jira-work", "read:jira-user"
 BROWSE, COMMENT, TRANSITION = "BROWSE_PROJECTS", "ADD_COMMENTS", "TRANSITION_ISSUES"
 PAGE_TOKEN_LIFETIME = timedelta(days=7)
 MAX_FIELDS_PAGE, MAX_IDS_PAGE, DEFAULT_PAGE = 100, 5000, 50
@@ -84,8 +85,8 @@ _ROUTES = (
     (re.compile(_REST + r"/issue/([^/]+)/comment$"), {"GET": "get_comments", "POST": "add_comment"}),
     (re.compile(_REST + r"/issue/([^/]+)/transitions$"), {"GET": "get_transitions", "POST": "do_transition"}),
     (re.compile(_REST + r"/issue/([^/]+)$"), {"GET": "get_issue"}),
+    (re.compile(_REST + r"/(myself)$"), {"GET": "get_myself"}),
 )
-_WRITES = ("add_comment", "do_transition")
 _PARAMS = {
     "search_issues": {"jql", "nextPageToken", "maxResults", "fields", "expand", "properties", "fieldsByKeys",
                       "failFast", "reconcileIssues"},
@@ -95,7 +96,10 @@ _PARAMS = {
     "get_transitions": {"expand", "transitionId", "skipRemoteOnlyCondition", "includeUnavailableTransitions",
                         "sortByOpsBarAndStatus"},
     "do_transition": set(),
+    "get_myself": {"expand"},
 }
+# The scope each operation's API token needs (Atlassian's classic scopes per operation).
+_SCOPES = {"add_comment": WRITE_SCOPE, "do_transition": WRITE_SCOPE, "get_myself": USER_SCOPE}
 
 
 @dataclass(frozen=True)
@@ -223,7 +227,8 @@ class JiraState:
             self.issue_types[type_id] = IssueType(name, hierarchy_level, project_id)
             return self.issue_types[type_id]
 
-    def add_token(self, value: str, email_address: str, *, scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE),
+    def add_token(self, value: str, email_address: str, *,
+                  scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE, USER_SCOPE),
                   expires_at: datetime | None = None) -> ApiToken:
         with self._lock:
             token = ApiToken(value, email_address, scopes, expires_at)
@@ -402,6 +407,12 @@ class _Render:
                 "accountId": account.account_id, "displayName": account.display_name, "active": True,
                 "timeZone": account.time_zone, "accountType": "atlassian"}
 
+    def myself(self, account: Account) -> dict[str, Any]:
+        """GET /myself: the calling account, its profile time zone included (Jira gives the
+        site's default zone when the profile sets none)."""
+        return {**self.user(account.account_id), "emailAddress": account.email, "locale": "en_US",
+                "avatarUrls": {"48x48": f"{self.base}/avatar/{account.account_id}/48"}}
+
     def status(self, status_id: int) -> dict[str, Any]:
         name, category = STATUSES[status_id]
         category_id, category_name = CATEGORIES[category]
@@ -465,7 +476,7 @@ class JiraSimulator(Simulator):
             site = route[0]
             if site not in state.sites:
                 return _gateway(404, "Cloud id not found")
-            account, refused = self._authenticate(request, write=operation in _WRITES)
+            account, refused = self._authenticate(request, _SCOPES.get(operation, READ_SCOPE))
             if refused is not None:
                 return refused
             limited = state._over_limit(request.headers["authorization"])
@@ -477,6 +488,8 @@ class JiraSimulator(Simulator):
             render = _Render(state, request, site, account)
             if operation == "search_issues":
                 return self._search(request, site, account, render)
+            if operation == "get_myself":
+                return SimResponse.json(200, render.myself(account))
             issue = self._visible_issue(site, route[1], account)
             if issue is None:
                 return _error(404, "Issue does not exist or you do not have permission to see it.")
@@ -485,7 +498,7 @@ class JiraSimulator(Simulator):
                        "do_transition": self._do_transition}[operation]
             return handler(request, site, issue, account, render)
 
-    def _authenticate(self, request: SimRequest, *, write: bool) -> tuple[Account | None, SimResponse | None]:
+    def _authenticate(self, request: SimRequest, scope: str) -> tuple[Account | None, SimResponse | None]:
         header = request.headers.get("authorization", "")
         scheme, _, encoded = header.partition(" ")
         try:
@@ -497,7 +510,7 @@ class JiraSimulator(Simulator):
         if (scheme != "Basic" or token is None or token.revoked or token.email != email_address
                 or (token.expires_at is not None and token.expires_at <= now)):
             return None, _gateway(401, "Unauthorized")
-        if (WRITE_SCOPE if write else READ_SCOPE) not in token.scopes:
+        if scope not in token.scopes:
             return None, _gateway(401, "Unauthorized; scope does not match")
         account = next(a for a in self.state.accounts.values() if a.email == email_address)
         return account, None

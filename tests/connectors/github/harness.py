@@ -27,7 +27,7 @@ from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSim
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from tests.connectors.github.keys import shared_key_pair
-from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld
+from tests.connectors.support import TRANSPORT_FAULTS, SimulatorWorld, SwitchTransport
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242
@@ -46,16 +46,6 @@ def primary_limit_headers(reset_epoch: int) -> dict[str, str]:
 
 def _on_clock(clock) -> ConnectorRegistry:
     return ConnectorRegistry([dataclasses.replace(SPEC, build=functools.partial(build, clock=clock))])
-
-
-class _Switch(httpx.BaseTransport):
-    """Forwards to `inner`, which the world swaps once composition is done."""
-
-    def __init__(self, inner: httpx.BaseTransport) -> None:
-        self.inner = inner
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self.inner.handle_request(request)
 
 
 class GitHubWorld(SimulatorWorld):
@@ -99,7 +89,7 @@ class GitHubWorld(SimulatorWorld):
         return parse_registration(data, REGISTRY, source=f"{key}.yaml")
 
     def adapter(self, registration: Registration | None = None, transport: httpx.BaseTransport | None = None):
-        route = _Switch(self.transport)
+        route = SwitchTransport(self.transport)
         adapter = compose(registration or self.registration(), self.registry, ComposeContext(transport=route),
                           environ=self.environ)
         route.inner = transport or self.transport

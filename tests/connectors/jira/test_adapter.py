@@ -23,13 +23,24 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
 )
+from nexus_pipelines.connectors.jira.account import JiraAccountRefused
 from nexus_pipelines.connectors.jira.adf import to_adf, to_text
 from nexus_pipelines.connectors.jira.cursor import JiraCursor, jql_minute
 from nexus_pipelines.connectors.provider_http import RECONCILE_READS
 from nexus_pipelines.local.simulators.http import Fault
-from nexus_pipelines.local.simulators.jira import BROWSE, BUG, EPIC, READ_SCOPE, REVIEW_SUBTASK, SUBTASK, RateLimit
+from nexus_pipelines.local.simulators.jira import (
+    BROWSE,
+    BUG,
+    EPIC,
+    READ_SCOPE,
+    REVIEW_SUBTASK,
+    SUBTASK,
+    USER_SCOPE,
+    WRITE_SCOPE,
+    RateLimit,
+)
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from tests.connectors.jira.harness import API_URL, BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
+from tests.connectors.jira.harness import API_URL, BOT, EMAIL, PROJECT_ID, TIME_ZONE, TOKEN_ENV, JiraWorld
 
 
 @pytest.fixture
@@ -169,13 +180,39 @@ def test_a_refused_page_token_that_has_not_expired_is_a_terminal_failure(world):
     assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("terminal", "ordinary_4xx")
 
 
-def test_a_time_zone_other_than_the_accounts_is_caught_when_jira_answers_before_the_bound(world):
-    old = world.state.add_issue(world.cloud_id, PROJECT_ID, summary="three hours earlier",
-                                updated_at=world.state.clock.now() - timedelta(hours=3))
+def test_a_jql_time_zone_other_than_the_accounts_profile_zone_is_refused_at_composition_naming_both(world):
     world.add_issues(1)
-    registration = world.registration(jql_time_zone="America/Los_Angeles")  # 18-19 hours west of Sydney
-    _, tokens = scan(world, world.adapter(registration))
-    result = world.adapter(registration).fetch_page(FetchIssuePage(cursor=tokens[-1], page_size=100), _attempt())
+    with pytest.raises(JiraAccountRefused) as refused:
+        world.adapter(world.registration(jql_time_zone="Europe/Berlin"))  # east of nothing: Sydney is the profile's
+    line = str(refused.value)
+    assert "Europe/Berlin" in line and TIME_ZONE in line and "\n" not in line and "register again" in line
+    assert world.state.calls["get_myself"] == 1 and world.state.calls["search_issues"] == 0  # nothing was searched
+
+
+def test_a_profile_zone_changed_later_is_refused_by_the_next_composition(world):
+    world.add_issues(1)
+    assert isinstance(fetch(world), ExternalIssuePage)
+    world.state.accounts[BOT].time_zone = "America/Los_Angeles"  # an administrator changes the profile
+    with pytest.raises(JiraAccountRefused, match="profile time zone is America/Los_Angeles"):
+        world.adapter()
+
+
+def test_the_account_zone_check_needs_read_jira_user_and_says_so(world):
+    world.state.tokens[world.token].scopes = (READ_SCOPE, WRITE_SCOPE)
+    with pytest.raises(JiraAccountRefused, match="lacks read:jira-user"):
+        world.adapter()
+
+
+def test_a_profile_zone_changed_mid_run_is_caught_when_jira_answers_before_the_bound(world):
+    old = world.state.add_issue(world.cloud_id, PROJECT_ID, summary="two hours earlier",
+                                updated_at=world.state.clock.now() - timedelta(hours=2))
+    world.add_issues(1)
+    adapter = world.adapter()
+    _, tokens = scan(world, adapter)
+    # three hours east of the zone the run composed in: the bound now means an earlier instant
+    # (a zone moved west asks from the future instead, which the next run's composition refuses)
+    world.state.accounts[BOT].time_zone = "Pacific/Kiritimati"
+    result = adapter.fetch_page(FetchIssuePage(cursor=tokens[-1], page_size=100), _attempt())
     assert isinstance(result, FetchFailure) and result.reason == "invalid_payload"
     assert "jql_time_zone" in result.detail and str(old.id) in result.detail
 
@@ -254,7 +291,7 @@ def test_an_is_last_that_contradicts_the_page_token_is_refused(world):
 
 def test_a_token_without_the_write_scope_is_an_authorization_failure_that_writes_nothing(world):
     (ref,) = world.add_issues(1)
-    world.state.tokens[world.token].scopes = (READ_SCOPE,)
+    world.state.tokens[world.token].scopes = (READ_SCOPE, USER_SCOPE)
     result, log = executor().close(world.adapter(), close_command(ref))
     assert isinstance(result, CloseFailure) and (result.reason, result.retry_class) == ("authorization", "terminal")
     assert "scope" in result.detail and world.comments(ref) == [] and log.attempts == 1
@@ -263,11 +300,16 @@ def test_a_token_without_the_write_scope_is_an_authorization_failure_that_writes
 @pytest.mark.parametrize("spoil", ["revoke", "expire", "other_email"])
 def test_a_revoked_or_expired_token_or_another_accounts_email_is_an_authentication_failure(world, spoil):
     world.add_issues(1)
+    if spoil == "other_email":
+        with pytest.raises(JiraAccountRefused, match="HTTP 401: the API token is invalid"):
+            world.adapter(world.registration(email="someone.else@example.test"))  # refused at composition
+        return
+    adapter = world.adapter()
     if spoil == "revoke":
         world.state.revoke(world.token)
-    elif spoil == "expire":
+    else:
         world.state.tokens[world.token].expires_at = world.state.clock.now()
-    result = fetch(world, email="someone.else@example.test") if spoil == "other_email" else fetch(world)
+    result = adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt())
     assert isinstance(result, FetchFailure) and (result.reason, result.retry_class) == ("authentication", "terminal")
 
 
@@ -280,9 +322,10 @@ def test_a_project_the_account_cannot_browse_is_refused_as_a_query_error(world):
 
 def test_the_rate_limit_wait_comes_from_retry_after_or_from_the_reset_minute(world):
     world.add_issues(1)
+    adapter = world.adapter()
     world.state.rate_limit = RateLimit(limit=1, window_s=60)
-    assert isinstance(fetch(world), ExternalIssuePage)
-    limited = fetch(world)
+    assert isinstance(adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt()), ExternalIssuePage)
+    limited = adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt())
     assert isinstance(limited, FetchFailure) and limited.reason == "throttled" and 0 < limited.retry_after_seconds <= 60
     world.state.rate_limit = None
     reset = (world.state.clock.now() + timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%MZ")

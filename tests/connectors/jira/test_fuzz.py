@@ -16,7 +16,7 @@ from nexus_pipelines.connectors.jira.cursor import JiraCursor
 from tests.connectors.conformance.suite import _attempt
 from tests.connectors.fuzzing import adapter_answering as answering
 from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
-from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
+from tests.connectors.jira.harness import BOT, PROJECT_ID, JiraWorld
 
 FIELDS = {
     "summary": "s", "description": {"type": "doc", "version": 1, "content": [
@@ -73,6 +73,7 @@ def test_arbitrary_cursor_tokens_are_typed_failures_or_valid_cursors(token):
 def test_any_cursor_time_in_any_zone_is_a_query_or_a_typed_failure(moment, zone):
     token = JiraCursor(seq=1, since=moment).encode()
     world = JiraWorld()
+    world.state.accounts[BOT].time_zone = zone  # the profile's zone, which composition checks
     adapter = world.adapter(world.registration(jql_time_zone=zone),
                             transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"issues": []})))
     check(adapter.fetch_page(FetchIssuePage(cursor=token, page_size=5), _attempt()))
