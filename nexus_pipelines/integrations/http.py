@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import email.utils
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -28,6 +29,8 @@ DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
 # The largest response body a client reads (a page of 100 issues with long descriptions
 # fits many times over); a larger one is refused, never parsed.
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# gzip only: the capped stream decodes it within the cap (httpx would also offer br and zstd).
+ACCEPT_ENCODING = {"Accept-Encoding": "gzip"}
 
 
 class EgressRefused(httpx.TransportError):
@@ -45,14 +48,25 @@ class BodyTooLarge(httpx.DecodingError):
 
 
 class _CappedStream(httpx.SyncByteStream):
-    """The raw body, stopped with `BodyTooLarge` as soon as it passes `limit` bytes."""
+    """The body, stopped with `BodyTooLarge` as soon as it passes `limit` bytes. A gzip body
+    is decoded here, never to more than the limit (a small compressed body can expand to
+    gigabytes), so the response reaches httpx as identity."""
 
-    def __init__(self, inner: httpx.SyncByteStream, limit: int, endpoint: str, request: httpx.Request) -> None:
+    def __init__(self, inner: httpx.SyncByteStream, limit: int, endpoint: str, request: httpx.Request, *,
+                 gzipped: bool) -> None:
         self._inner, self._limit, self._endpoint, self._request = inner, limit, endpoint, request
+        self._gzipped = gzipped
 
     def __iter__(self):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzipped else None
         seen = 0
         for chunk in self._inner:
+            if decoder is not None:
+                try:
+                    chunk = decoder.decompress(chunk, self._limit + 1 - seen)  # never more than the cap allows
+                except zlib.error as exc:
+                    raise httpx.DecodingError(f"{self._endpoint}: the gzip body does not decode ({exc})",
+                                              request=self._request) from None
             seen += len(chunk)
             if seen > self._limit:
                 raise BodyTooLarge(self._endpoint, self._limit, request=self._request)
@@ -145,7 +159,14 @@ class GuardedTransport(httpx.BaseTransport):
             response.close()
             raise BodyTooLarge(endpoint, self._max_body, request=request)
         if held is None:
-            response.stream = _CappedStream(response.stream, self._max_body, endpoint, request)
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):  # only gzip is asked for (ACCEPT_ENCODING)
+                response.close()
+                raise httpx.DecodingError(f"{endpoint}: the body came with Content-Encoding {encoding!r}, "
+                                          "which was not asked for", request=request)
+            response.headers.pop("Content-Encoding", None)  # decoded by the capped stream
+            response.stream = _CappedStream(response.stream, self._max_body, endpoint, request,
+                                            gzipped=encoding == "gzip")
         return response
 
     def close(self) -> None:
@@ -168,8 +189,8 @@ def make_client(
     inner = transport if transport is not None else httpx.HTTPTransport(limits=limits)
     guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter(), max_body_bytes)
     return httpx.Client(
-        base_url=base_url, transport=guarded, auth=auth, headers=dict(headers or {}), timeout=timeout,
-        follow_redirects=False,
+        base_url=base_url, transport=guarded, auth=auth, headers={**ACCEPT_ENCODING, **(headers or {})},
+        timeout=timeout, follow_redirects=False,
     )
 
 
