@@ -260,7 +260,8 @@ class GitLabConnector:
                 return failure
         return self._close(base, command, note_id, deadline)
 
-    def _send(self, method: str, url: str | httpx.URL, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+    def _send(self, method: str, url: str | httpx.URL, deadline: Deadline, endpoint: str,
+              **kwargs) -> httpx.Response | Problem:
         return send(self._http, method, url, deadline, endpoint, **kwargs)
 
     def _post_note(self, base: str, command: CloseExternalIssue,
