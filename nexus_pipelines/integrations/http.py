@@ -4,8 +4,8 @@
 followed, an egress guard (a request to any origin but the configured ones is refused
 before it leaves the process), a cap on each response body's size (read as a stream and
 stopped at the cap, so a runaway answer is never held in memory whole) and call counting
-per endpoint and outcome. Transports
-are injectable, so tests run the project's simulators in process. Nothing here
+per endpoint and outcome. Transports are injectable, so tests run the project's simulators
+in process. Nothing here
 retries: retry policy belongs to the caller (the CRM client's section 11 loop, the
 connector core's executor).
 """
@@ -67,10 +67,16 @@ class _CappedStream(httpx.SyncByteStream):
                 except zlib.error as exc:
                     raise httpx.DecodingError(f"{self._endpoint}: the gzip body does not decode ({exc})",
                                               request=self._request) from None
+            yield self._counted(chunk, seen)
             seen += len(chunk)
-            if seen > self._limit:
-                raise BodyTooLarge(self._endpoint, self._limit, request=self._request)
-            yield chunk
+        if decoder is not None:
+            rest = decoder.flush()
+            yield self._counted(rest, seen)
+
+    def _counted(self, chunk: bytes, seen: int) -> bytes:
+        if seen + len(chunk) > self._limit:
+            raise BodyTooLarge(self._endpoint, self._limit, request=self._request)
+        return chunk
 
     def close(self) -> None:
         self._inner.close()
