@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import httpx
 
 from nexus_pipelines.connectors.github.app_auth import ProviderClock, refusal
-from nexus_pipelines.connectors.provider_http import Problem, other_status_problem, redirect_problem
+from nexus_pipelines.connectors.provider_http import LONGEST_WAIT_S, Problem, other_status_problem, redirect_problem
 from nexus_pipelines.integrations.http import parse_retry_after
 
 SECONDARY_MIN_WAIT_S = 60.0
@@ -80,9 +80,11 @@ class RateGate:
             self._until = max(self._until, self._clock.now() + wait)
 
     def closed(self, what: str) -> Problem | None:
-        wait = self._until - self._clock.now()
+        now = self._clock.now()
+        # at most the seam's longest wait: a Date far ahead, later corrected, leaves `_until` past any calendar
+        wait = min(self._until - now, LONGEST_WAIT_S)
         if wait <= 0:
             return None
-        until = datetime.fromtimestamp(self._until, UTC).strftime("%H:%M:%SZ")
+        until = datetime.fromtimestamp(now + wait, UTC).strftime("%H:%M:%SZ")
         return Problem("retryable", "throttled", f"{what}: the rate budget is spent until {until} "
                                                  "(x-ratelimit-remaining 0); nothing was sent", wait)
