@@ -39,7 +39,7 @@ def _tick_line(tick: TickReport) -> str:
     description="Poll due connector registrations, one bounded page per fenced tick.")
 def connectors_poll_op(context: OpExecutionContext, config: PollConfig) -> dict:
     counter = CallCounter()
-    composer = CachedComposer(REGISTRY, ComposeContext(counter=counter, gates=ProviderGates(control_plane.pool())))
+    composer = CachedComposer(REGISTRY, ComposeContext(counter=counter, gates=ProviderGates(context.resources.control_plane.pool())))
     owner = f"dagster:{context.run_id[:8]}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
     try:
         with context.resources.control_plane.connection() as conn:

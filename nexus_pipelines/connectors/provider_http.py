@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TypeVar
 
 import httpx
 from pydantic import ValidationError
@@ -23,11 +24,13 @@ from pydantic import ValidationError
 from nexus_pipelines.connectors.core.values import (
     DETAIL_MAX_CHARS,
     AmbiguousWrite,
+    CloseExternalIssueResult,
     CloseFailure,
     ConnectorAttempt,
+    ConnectorReceipt,
     FetchFailure,
 )
-from nexus_pipelines.integrations.http import ENDPOINT, EgressRefused, GateClosed, bounded_timeout, origin_of
+from nexus_pipelines.integrations.http import ENDPOINT, BodyTooLarge, EgressRefused, GateClosed, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
 
 
@@ -47,6 +50,8 @@ def exception_problem(exc: Exception) -> Problem:
         return Problem("terminal", "contract_violation", one_line(str(exc), 200))
     if isinstance(exc, GateClosed):
         return Problem("retryable", "throttled", one_line(str(exc), 250), exc.wait_s)
+    if isinstance(exc, BodyTooLarge):  # the same answer would come again: a person lowers the page size
+        return Problem("terminal", "invalid_payload", one_line(str(exc), 250), maybe_written=True)
     if isinstance(exc, (httpx.ConnectTimeout, httpx.PoolTimeout)):
         return Problem("retryable", "timeout", f"{name}: nothing was sent")
     if isinstance(exc, httpx.TimeoutException):
@@ -114,18 +119,53 @@ class MarkerLookup:
     problem: Problem | None = None
 
 
+# A reconciliation read that fails retryably (a 5xx on the issue or its comments) is asked
+# again inside the same invocation, at most this many times in all: every read goes through
+# `send`, so none outlives the invocation's deadline. Reads only: a write is never repeated here.
+RECONCILE_READS = 3
+
+T = TypeVar("T")
+
+
+def _reread(read: Callable[[], T], problem_of: Callable[[T], Problem | None]) -> T:
+    for _ in range(RECONCILE_READS - 1):
+        result = read()
+        problem = problem_of(result)
+        if problem is None or problem.retry_class != "retryable":
+            return result
+    return read()
+
+
+def lookup_marker(find_marker: Callable[[], MarkerLookup]) -> MarkerLookup:
+    """The marker lookup, read again while it is inconclusive for a retryable reason."""
+    return _reread(find_marker, lambda lookup: lookup.problem)
+
+
 def after_comment_write(problem: Problem,
                         find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | AmbiguousWrite | None]:
     """The comment write failed with `problem`: (the comment id found by its marker, None) or
     (None, the failure to return). Only a write that may have landed is looked up (marker reconciliation)."""
     if not problem.maybe_written:
         return None, close_failure(problem)
-    lookup = find_marker()
+    lookup = lookup_marker(find_marker)
     if lookup.found is not None:
         return lookup.found, None
     if lookup.problem is None:
         return None, close_failure(problem, "reconciled_absent")
     return None, AmbiguousWrite(detail=f"{problem.detail}; marker lookup: {lookup.problem.detail}"[:DETAIL_MAX_CHARS])
+
+
+def after_close_write(problem: Problem, read_closed: Callable[[], bool | Problem],
+                      receipt: Callable[[], ConnectorReceipt]) -> CloseExternalIssueResult:
+    """The close write failed with `problem`: a write that may have landed is settled by the
+    issue's state (closed: the receipt; open: reconciled absent; unreadable: ambiguous)."""
+    if not problem.maybe_written:
+        return close_failure(problem)
+    closed = _reread(read_closed, lambda answer: answer if isinstance(answer, Problem) else None)
+    if isinstance(closed, Problem):
+        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read "
+                                     f"({closed.detail})"[:DETAIL_MAX_CHARS])
+    return receipt() if closed else close_failure(problem, "reconciled_absent")
 
 
 class Deadline:
@@ -141,14 +181,31 @@ class Deadline:
 
 def send(client: httpx.Client, method: str, url: str, deadline: Deadline, endpoint: str,
          **kwargs) -> httpx.Response | Problem:
-    """One request inside the invocation's budget; a transport failure comes back as its Problem."""
+    """One request inside the invocation's budget; a transport failure, an oversized body or
+    an HTML page in place of the API's answer comes back as its Problem."""
     timeout = deadline.timeout()
     if timeout is None:
         return Problem("retryable", "timeout", f"{endpoint}: no budget left; nothing was sent")
     try:
-        return client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
+        response = client.request(method, url, timeout=timeout, extensions={ENDPOINT: endpoint}, **kwargs)
     except Exception as exc:  # noqa: BLE001 - every transport failure is classified
         return exception_problem(exc)
+    return html_page_problem(response, endpoint) or response
+
+
+def html_page_problem(response: httpx.Response, endpoint: str) -> Problem | None:
+    """A 2xx HTML page is no API answer: a proxy, captive portal or sign-in page stands in the
+    way, and asking again gets the same page (terminal). A write may still have gone through."""
+    if not 200 <= response.status_code < 300:
+        return None
+    kind = response.headers.get("Content-Type", "").split(";")[0].strip().lower()
+    start = response.content[:64].lstrip().lower()
+    if kind not in ("text/html", "application/xhtml+xml") and not start.startswith((b"<!doctype html", b"<html")):
+        return None
+    return Problem("terminal", "invalid_payload",
+                   f"{endpoint}: HTTP {response.status_code} answered with an HTML page, not the API's JSON (a "
+                   f"proxy, captive portal or sign-in page in front of {origin_of(response.request.url)}); check "
+                   "the network path and the configured URL", maybe_written=response.request.method != "GET")
 
 
 def next_link(response: httpx.Response) -> str | None:
@@ -167,12 +224,6 @@ def served_at(response: httpx.Response) -> datetime | None:
         return email.utils.parsedate_to_datetime(response.headers["Date"]).astimezone(UTC)
     except (KeyError, TypeError, ValueError, OverflowError):
         return None
-
-
-def first_error(exc: ValidationError) -> str:
-    """Where a payload broke its schema, without echoing the value."""
-    first = exc.errors(include_input=False)[0]
-    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
 
 
 def body_is_truncated(exc: ValidationError) -> bool:

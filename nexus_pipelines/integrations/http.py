@@ -2,9 +2,10 @@
 
 `make_client` gives one pooled `httpx.Client` with explicit timeouts, redirects never
 followed, an egress guard (a request to any origin but the configured ones is refused
-before it leaves the process) and call counting per endpoint and outcome; httpx's
-request log lines show each URL without its query string. Transports
-are injectable, so tests run the project's simulators in process. Nothing here
+before it leaves the process), a cap on each response body's size (read as a stream and
+stopped at the cap, so a runaway answer is never held in memory whole) and call counting
+per endpoint and outcome; httpx's request log lines show each URL without its query string.
+Transports are injectable, so tests run the project's simulators in process. Nothing here
 retries: retry policy belongs to the caller (the CRM client's retry loop, the
 connector core's executor).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import email.utils
 import logging
 import threading
+import zlib
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -24,6 +26,13 @@ import httpx
 ENDPOINT = "nexus_endpoint"  # request extension naming the endpoint, for call counts
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=30.0, pool=5.0)
 DEFAULT_LIMITS = httpx.Limits(max_connections=4, max_keepalive_connections=4)
+
+
+# The largest response body a client reads (a page of 100 issues with long descriptions
+# fits many times over); a larger one is refused, never parsed.
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+# gzip only: the capped stream decodes it within the cap (httpx would also offer br and zstd).
+ACCEPT_ENCODING = {"Accept-Encoding": "gzip"}
 
 
 class EgressRefused(httpx.TransportError):
@@ -44,6 +53,49 @@ class RequestGate(Protocol):
     def admit(self, request: httpx.Request) -> None: ...
 
     def observe(self, response: httpx.Response) -> None: ...
+class BodyTooLarge(httpx.DecodingError):
+    """A response body passed the client's size cap; reading stopped there."""
+
+    def __init__(self, endpoint: str, limit: int, *, request: httpx.Request) -> None:
+        size = f"{limit // 2**20} MiB" if limit % 2**20 == 0 else f"{limit} bytes"
+        super().__init__(f"{endpoint}: the response body is larger than the {size} a response may hold; reading "
+                         "stopped there (ask for smaller pages)", request=request)
+        self.limit = limit
+
+
+class _CappedStream(httpx.SyncByteStream):
+    """The body, stopped with `BodyTooLarge` as soon as it passes `limit` bytes. A gzip body
+    is decoded here, never to more than the limit (a small compressed body can expand to
+    gigabytes), so the response reaches httpx as identity."""
+
+    def __init__(self, inner: httpx.SyncByteStream, limit: int, endpoint: str, request: httpx.Request, *,
+                 gzipped: bool) -> None:
+        self._inner, self._limit, self._endpoint, self._request = inner, limit, endpoint, request
+        self._gzipped = gzipped
+
+    def __iter__(self):
+        decoder = zlib.decompressobj(16 + zlib.MAX_WBITS) if self._gzipped else None
+        seen = 0
+        for chunk in self._inner:
+            if decoder is not None:
+                try:
+                    chunk = decoder.decompress(chunk, self._limit + 1 - seen)  # never more than the cap allows
+                except zlib.error as exc:
+                    raise httpx.DecodingError(f"{self._endpoint}: the gzip body does not decode ({exc})",
+                                              request=self._request) from None
+            yield self._counted(chunk, seen)
+            seen += len(chunk)
+        if decoder is not None:
+            rest = decoder.flush()
+            yield self._counted(rest, seen)
+
+    def _counted(self, chunk: bytes, seen: int) -> bytes:
+        if seen + len(chunk) > self._limit:
+            raise BodyTooLarge(self._endpoint, self._limit, request=self._request)
+        return chunk
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
@@ -97,11 +149,12 @@ class GuardedTransport(httpx.BaseTransport):
     request that goes out; a request the gate holds is not counted, since it never left."""
 
     def __init__(self, inner: httpx.BaseTransport, allowed_origins: Iterable[str], counter: CallCounter,
-                 gate: RequestGate | None = None) -> None:
+                 gate: RequestGate | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
         self._inner = inner
         self._allowed = frozenset(origin_of(o) for o in allowed_origins)
         self._counter = counter
         self._gate = gate
+        self._max_body = max_body_bytes
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         origin = origin_of(request.url)
@@ -119,6 +172,29 @@ class GuardedTransport(httpx.BaseTransport):
         self._counter.add(endpoint, f"status_{response.status_code}")
         if self._gate is not None:
             self._gate.observe(response)
+        return self._capped(response, endpoint, request)
+
+    def _capped(self, response: httpx.Response, endpoint: str, request: httpx.Request) -> httpx.Response:
+        """The response with its body held to the cap: refused at once by its Content-Length
+        (or by a body already in memory), else stopped while it streams."""
+        try:
+            held = len(response.content)  # an in-process transport answers with the body read
+        except httpx.ResponseNotRead:
+            held = None
+        declared = response.headers.get("Content-Length", "")
+        if (held or 0) > self._max_body or (declared.isascii() and declared.isdigit()
+                                            and int(declared) > self._max_body):
+            response.close()
+            raise BodyTooLarge(endpoint, self._max_body, request=request)
+        if held is None:
+            encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):  # only gzip is asked for (ACCEPT_ENCODING)
+                response.close()
+                raise httpx.DecodingError(f"{endpoint}: the body came with Content-Encoding {encoding!r}, "
+                                          "which was not asked for", request=request)
+            response.headers.pop("Content-Encoding", None)  # decoded by the capped stream
+            response.stream = _CappedStream(response.stream, self._max_body, endpoint, request,
+                                            gzipped=encoding == "gzip")
         return response
 
     def close(self) -> None:
@@ -151,14 +227,15 @@ def make_client(
     timeout: httpx.Timeout = DEFAULT_TIMEOUT,
     limits: httpx.Limits = DEFAULT_LIMITS,
     gate: RequestGate | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> httpx.Client:
     """A client that may call `base_url`'s origin (and `allowed_origins`) and nothing else,
     each request first admitted by `gate` when one is given."""
     inner = transport if transport is not None else httpx.HTTPTransport(limits=limits)
-    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter(), gate)
+    guarded = GuardedTransport(inner, [base_url, *allowed_origins], counter or CallCounter(), gate, max_body_bytes)
     return httpx.Client(
-        base_url=base_url, transport=guarded, auth=auth, headers=dict(headers or {}), timeout=timeout,
-        follow_redirects=False,
+        base_url=base_url, transport=guarded, auth=auth, headers={**ACCEPT_ENCODING, **(headers or {})},
+        timeout=timeout, follow_redirects=False,
     )
 
 

@@ -8,9 +8,10 @@
   asks the adapter to look for the marker before it writes (`reconcile_first`), so a
   crash, a lost lease or a replay never posts a second comment. A retryable failure is
   retried by the queue no sooner than the provider asked (a throttled one, held by the
-  provider's gate or refused by the provider, spends no attempt); a terminal failure or an
-  ambiguous write dead-letters the item (an operator replays it after looking; the
-  replay reconciles first).
+  provider's gate or refused by the provider, spends no attempt), and so is an ambiguous
+  write (a reconciliation read that kept failing): its retry reads for the marker before it
+  may write. A terminal failure dead-letters the item at once, an ambiguous one only when
+  its attempts are spent (an operator replays it after looking; the replay reconciles first).
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ from nexus_pipelines.connectors.core.tick import Composer
 from nexus_pipelines.connectors.core.values import (
     AmbiguousWrite,
     CloseExternalIssue,
-    CloseFailure,
     ConnectorReceipt,
     ExternalIssue,
     source_version_digest,
@@ -147,13 +147,16 @@ class TicketHandlers:
             label = result.kind if isinstance(result, AmbiguousWrite) else f"{result.retry_class}:{result.reason}"
             self._status(conn, command_id, status, label, result.detail)
         detail = f"close {command_id}: {label}" + (f" ({result.detail})" if result.detail else "")
-        if isinstance(result, CloseFailure) and result.reason == "throttled":
+        if isinstance(result, AmbiguousWrite):
+            # the next dispatch reconciles first (dispatches > 0), so retrying cannot write blindly
+            raise RetryLater(detail + "; if its attempts are spent, inspect the issue, then replay the work item: "
+                             "the replay looks for the marker before it writes", 0.0)
+        if result.reason == "throttled":
             # the provider's wait (or its gate's), not the item's failure: it spends no attempt
             raise Deferred(detail, result.retry_after_seconds or 0.0)
-        if isinstance(result, CloseFailure) and result.retry_class == "retryable":
+        if result.retry_class == "retryable":
             raise RetryLater(detail, result.retry_after_seconds or 0.0)
-        raise PermanentError(detail + ("; inspect the issue, then replay the work item: the replay looks for "
-                                       "the marker before it writes" if isinstance(result, AmbiguousWrite) else ""))
+        raise PermanentError(detail)
 
     @staticmethod
     def _status(conn, command_id: str, status: str, label: str, detail: str) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 import logging
+import zlib
 from datetime import UTC, datetime
 
 import httpx
@@ -10,6 +13,7 @@ import pytest
 
 from nexus_pipelines.integrations.http import (
     ENDPOINT,
+    BodyTooLarge,
     CallCounter,
     EgressRefused,
     HeaderTokenAuth,
@@ -95,3 +99,62 @@ def test_retry_after_seconds_and_http_dates():
     assert parse_retry_after("7") == 7.0
     assert parse_retry_after("soon") is None and parse_retry_after(None) is None
     assert parse_retry_after("\u00b2") is None  # str.isdigit() accepts it, int() does not
+
+
+def _streamed(chunks, read: list[int]):
+    for chunk in chunks:
+        read.append(len(chunk))
+        yield chunk
+
+
+def _gzip_of_zeros(mib: int) -> bytes:
+    packer = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    return b"".join(packer.compress(bytes(2**20)) for _ in range(mib)) + packer.flush()
+
+
+def test_a_streamed_body_past_the_cap_is_stopped_there_and_the_error_names_the_limit():
+    read: list[int] = []
+    body = (b" " * 65536 for _ in range(64))  # 4 MiB of valid JSON whitespace, no Content-Length
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, content=_streamed(body, read)))
+    with make_client("https://api.example.test", transport=transport, max_body_bytes=2**20) as client:
+        with pytest.raises(BodyTooLarge, match="larger than the 1 MiB a response may hold"):
+            client.get("/big", extensions={ENDPOINT: "list_issues"})
+    assert sum(read) <= 2**20 + 65536  # reading stopped at the cap, not at 4 MiB
+
+
+def test_a_declared_length_past_the_cap_is_refused_before_the_body_is_read():
+    read: list[int] = []
+    transport = httpx.MockTransport(lambda r: httpx.Response(
+        200, headers={"Content-Length": str(2**30)}, content=_streamed([b"x"], read)))
+    with make_client("https://api.example.test", transport=transport, max_body_bytes=2**20) as client:
+        with pytest.raises(BodyTooLarge):
+            client.get("/big")
+    assert read == []
+
+
+def test_a_gzip_body_is_decoded_within_the_cap_so_a_small_bomb_never_expands():
+    bomb = _gzip_of_zeros(64)  # about 64 KiB that decode to 64 MiB
+    assert len(bomb) < 2**20
+    read: list[int] = []
+    chunks = [bomb[i:i + 4096] for i in range(0, len(bomb), 4096)]
+    transport = httpx.MockTransport(lambda r: httpx.Response(200, headers={"Content-Encoding": "gzip"},
+                                                             content=_streamed(chunks, read)))
+    with make_client("https://api.example.test", transport=transport, max_body_bytes=2**20) as client:
+        with pytest.raises(BodyTooLarge):
+            client.get("/bomb")
+    assert sum(read) < len(bomb)  # stopped while decoding, before the whole bomb arrived
+
+
+def test_a_gzip_answer_reads_as_its_json_and_only_gzip_is_asked_for():
+    payload = {"issues": [{"id": n, "title": "t" * 100} for n in range(200)]}
+    packed = gzip.compress(json.dumps(payload).encode())
+    asked = []
+
+    def answer(request):
+        asked.append(request.headers.get("Accept-Encoding"))
+        return httpx.Response(200, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+                              content=iter([packed[:100], packed[100:]]))
+
+    with make_client("https://api.example.test", transport=httpx.MockTransport(answer)) as client:
+        assert client.get("/page").json() == payload
+    assert asked == ["gzip"]

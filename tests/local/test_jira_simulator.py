@@ -16,6 +16,7 @@ from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport, Tra
 from nexus_pipelines.local.simulators.jira import (
     BUG,
     READ_SCOPE,
+    WRITE_SCOPE,
     JiraSimulator,
     JiraState,
     RateLimit,
@@ -169,6 +170,19 @@ def test_basic_auth_needs_the_tokens_own_email_an_unexpired_token_and_the_scope(
     assert search(client).status_code == 401
 
 
+def test_myself_answers_the_calling_account_with_its_profile_zone_and_needs_read_jira_user(state, client, token):
+    me = client.get("/myself")
+    assert me.status_code == 200
+    assert {k: me.json()[k] for k in ("accountId", "emailAddress", "timeZone", "accountType")} == {
+        "accountId": ACCOUNT, "emailAddress": EMAIL, "timeZone": "Europe/Berlin", "accountType": "atlassian"}
+    state.accounts[ACCOUNT].time_zone = "America/Los_Angeles"
+    assert client.get("/myself").json()["timeZone"] == "America/Los_Angeles"
+    assert client.get("/myself", params={"fields": "x"}).status_code == 400
+    state.tokens[token].scopes = (READ_SCOPE, WRITE_SCOPE)
+    refused = client.get("/myself")
+    assert refused.status_code == 401 and refused.json()["message"] == "Unauthorized; scope does not match"
+
+
 def test_without_browse_an_issue_is_not_found_and_without_transition_none_is_listed(state, client):
     (issue,) = seed(state, 1)
     state.grant(SITE, 10000, ACCOUNT, permissions=("BROWSE_PROJECTS",))
@@ -228,13 +242,18 @@ def test_transitions_belong_to_the_work_types_workflow_and_the_current_status(st
     task, bug = seed(state, 1)[0], state.add_issue(SITE, 10000, summary="bug", issuetype=BUG)
     listed = {i.issuetype: {t["id"]: t["to"]["id"] for t in client.get(f"/issue/{i.id}/transitions").json()
                             ["transitions"]} for i in (task, bug)}
-    assert listed == {10001: {"21": "10001", "31": "10002"}, BUG: {"41": "10001", "51": "10002", "71": "10003"}}
+    # the task's global transitions are all offered, "To Do" (11) while the task is To Do too
+    assert listed == {10001: {"11": "10000", "21": "10001", "31": "10002"},
+                      BUG: {"41": "10001", "51": "10002", "71": "10003"}}
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "31"}}).status_code == 400
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "71"}}).status_code == 400
     assert client.post(f"/issue/{bug.id}/transitions", json={"transition": 51}).status_code == 400
     done = client.post(f"/issue/{bug.id}/transitions", json={"transition": {"id": "51"}})
     assert done.status_code == 204 and done.content == b"" and state.issue(SITE, bug.id).status == 10002
     assert "51" not in {t["id"] for t in client.get(f"/issue/{bug.id}/transitions").json()["transitions"]}
+    assert client.post(f"/issue/{task.id}/transitions", json={"transition": {"id": "31"}}).status_code == 204
+    again = client.get(f"/issue/{task.id}/transitions").json()["transitions"]
+    assert {"31": True} == {t["id"]: t["isGlobal"] for t in again if t["to"]["id"] == "10002"}  # Done while Done
 
 
 # -- faults ------------------------------------------------------------------------------------

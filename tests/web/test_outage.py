@@ -13,7 +13,7 @@ import pytest
 
 from nexus_pipelines.control.migrations import apply_migrations
 from nexus_pipelines.local.postgres import FAST_SETTINGS, EmbeddedPostgres, ensure_database
-from tests.tickets.support import member
+from nexus_pipelines.local.worlds.plant import member
 from tests.web.support import serving
 
 

@@ -37,6 +37,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.redaction import describe_exception, one_line
 
@@ -143,7 +144,8 @@ class RetryExecutor:
             except _Broken as exc:
                 result = broken(str(exc))
             except ValidationError as exc:
-                result = broken(f"the adapter built an invalid value: {exc.error_count()} validation errors")
+                more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+                result = broken(f"the adapter built an invalid value: {first_error(exc)}{more}")
             except Exception as exc:  # noqa: BLE001 - an escaping adapter exception is a contract violation
                 result = broken(f"the adapter raised {describe_exception(exc, 250)}")
             log.results.append(_describe(result))

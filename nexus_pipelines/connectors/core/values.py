@@ -16,7 +16,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Self
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 MAX_ATTEMPTS = 4
 DEADLINE_MS = 10_000
@@ -228,3 +228,10 @@ class AmbiguousWrite(BaseModel):
 FetchIssuePageResult = ExternalIssuePage | FetchFailure
 CloseExternalIssueResult = ConnectorReceipt | CloseFailure | AmbiguousWrite
 ConnectorFailure = FetchFailure | CloseFailure
+
+
+def first_error(exc: ValidationError) -> str:
+    """Where a value broke its schema and which rule it broke (a limit says its bound), without
+    echoing the value."""
+    first = exc.errors(include_input=False)[0]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]

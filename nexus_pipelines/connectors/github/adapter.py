@@ -40,8 +40,10 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.connectors.github.app_auth import (
+    SKEW_TOLERANCE_S,
     CredentialError,
     Installation,
     InstallationToken,
@@ -59,7 +61,6 @@ from nexus_pipelines.connectors.provider_http import (
     body_is_truncated,
     close_failure,
     fetch_failure,
-    first_error,
     next_link,
     send,
     served_at,
@@ -187,14 +188,14 @@ class GitHubConnector:
         return response
 
     def mint(self, deadline: Deadline) -> Problem | None:
-        """Exchange a fresh App JWT for an installation token narrowed to the repository."""
-        try:
-            signed = app_jwt(self._config.app_id, self._key, self._clock.now())
-        except CredentialError as exc:
-            return Problem("terminal", "authentication", str(exc))
-        response = self._request("POST", f"{self._origin}{self._prefix}{self._installation.path}", deadline, "create_token",
-                                 json=self._installation.request_body(),
-                                 auth=HeaderTokenAuth("Authorization", lambda: signed, scheme="Bearer"))
+        """Exchange a fresh App JWT for an installation token narrowed to the repository. A 401
+        whose `Date` shows GitHub's clock away from the one the JWT was signed on is a skewed
+        local clock: signed again, once, on GitHub's clock."""
+        signed_on = self._clock.offset
+        response = self._exchange(deadline)
+        if (isinstance(response, httpx.Response) and response.status_code == 401
+                and abs(self._clock.offset - signed_on) > SKEW_TOLERANCE_S):
+            response = self._exchange(deadline)
         if isinstance(response, Problem):
             return response
         what = f"minting the installation token of app {self._config.app_id}, installation " \
@@ -210,6 +211,15 @@ class GitHubConnector:
             return Problem("terminal", reason, f"{what}: HTTP {response.status_code} {refusal(response)}; "
                                                "check the App key reference and the installation")
         return problem
+
+    def _exchange(self, deadline: Deadline) -> httpx.Response | Problem:
+        try:
+            signed = app_jwt(self._config.app_id, self._key, self._clock.now())
+        except CredentialError as exc:
+            return Problem("terminal", "authentication", str(exc))
+        return self._request("POST", f"{self._origin}{self._prefix}{self._installation.path}", deadline, "create_token",
+                             json=self._installation.request_body(),
+                             auth=HeaderTokenAuth("Authorization", lambda: signed, scheme="Bearer"))
 
     def _repo_path(self) -> str:
         return f"{self._origin}{self._prefix}/repos/{self._token.full_name}"

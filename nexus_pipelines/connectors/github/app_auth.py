@@ -11,7 +11,9 @@ a revoked key or installation then fails closed at the mint.
 
 Times are GitHub's: `ProviderClock` follows the `Date` header of every response, so a
 skewed local clock neither signs JWTs GitHub rejects nor misjudges a token's expiry or
-a rate-limit reset.
+a rate-limit reset. The first JWT of a process is signed before any answer was seen: when
+GitHub refuses it (401) with a `Date` showing its clock elsewhere, the adapter signs again
+once on GitHub's clock (`SKEW_TOLERANCE_S`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from nexus_pipelines.redaction import one_line, register_secret
 JWT_BACKDATE_S = 60
 JWT_LIFETIME_S = 540
 REFRESH_MARGIN_S = 300
+# A 401 to a JWT signed on a clock this far from the one the 401's `Date` shows is a skew, not a bad key.
+SKEW_TOLERANCE_S = 5.0
 TOKEN_PERMISSIONS = {"issues": "write", "metadata": "read"}
 
 
@@ -44,6 +48,11 @@ class ProviderClock:
 
     def now(self) -> float:
         return self._clock() + self._offset
+
+    @property
+    def offset(self) -> float:
+        """Seconds GitHub's clock is ahead of the local one, as the last `Date` showed."""
+        return self._offset
 
     def observe(self, response: httpx.Response) -> None:
         served = served_at(response)

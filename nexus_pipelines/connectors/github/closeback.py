@@ -2,8 +2,8 @@
 state_reason=completed`, each ambiguous step reconciled before anything retryable is
 answered (docs/design/connector-contract.md, "Marker reconciliation"): the comment by
 listing every page of the issue's comments for the exact marker, the close by reading
-the issue's state. A lookup that cannot tell gives `AmbiguousWrite`, which core never
-retries.
+the issue's state (each read asked again on a 5xx). A lookup that cannot tell gives
+`AmbiguousWrite`, which core never retries in the same request.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import httpx
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 from nexus_pipelines.connectors.core.values import (
-    AmbiguousWrite,
     CloseExternalIssue,
     CloseExternalIssueResult,
     ConnectorReceipt,
@@ -23,8 +22,10 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     MarkerLookup,
     Problem,
+    after_close_write,
     after_comment_write,
     close_failure,
+    lookup_marker,
     next_link,
 )
 from nexus_pipelines.integrations.http import origin_of
@@ -76,7 +77,7 @@ class CloseBack:
     def run(self) -> CloseExternalIssueResult:
         comment_id = None
         if self._command.reconcile_first:
-            lookup = self._find_marker()
+            lookup = lookup_marker(self._find_marker)
             if lookup.problem is not None:
                 return close_failure(lookup.problem)
             comment_id = lookup.found
@@ -111,14 +112,18 @@ class CloseBack:
                               "closed", maybe_written=True)
         if problem is None:
             problem = self._connector.classify(response, "closing the issue")
-        if not problem.maybe_written:
-            return close_failure(problem)
+        return after_close_write(problem, self._read_closed, lambda: self._receipt(comment_id))
+
+    def _read_closed(self) -> bool | Problem:
         state = self._send("GET", self._url, "get_issue")
-        if isinstance(state, httpx.Response) and state.status_code == 200:
-            closed = _closed(state)
-            if closed is not None:
-                return self._receipt(comment_id) if closed else close_failure(problem, "reconciled_absent")
-        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read"[:300])
+        if isinstance(state, Problem):
+            return state
+        if state.status_code != 200:
+            return self._connector.classify(state, "reading the issue")
+        closed = _closed(state)
+        if closed is None:
+            return Problem("retryable", "transport_protocol", "reading the issue: the answer does not parse")
+        return closed
 
     def _receipt(self, comment_id: str) -> ConnectorReceipt:
         command = self._command

@@ -20,7 +20,6 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, TypeAdapter, Valid
 
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.values import (
-    AmbiguousWrite,
     CloseExternalIssue,
     CloseExternalIssueResult,
     CloseFailure,
@@ -31,6 +30,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
 from nexus_pipelines.connectors.gitlab.config import GitLabConfig
 from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
@@ -38,12 +38,12 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     MarkerLookup,
     Problem,
+    after_close_write,
     after_comment_write,
     body_is_truncated,
     close_failure,
-    exception_problem,
     fetch_failure,
-    first_error,
+    lookup_marker,
     next_link,
     other_status_problem,
     redirect_problem,
@@ -52,7 +52,7 @@ from nexus_pipelines.connectors.provider_http import (
 )
 from nexus_pipelines.connectors.provider_gate import GatePolicy
 from nexus_pipelines.connectors.rate_limits import wait_seconds
-from nexus_pipelines.integrations.http import ENDPOINT, HeaderTokenAuth, make_client, origin_of
+from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
 
 KIND = "gitlab"
 MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
@@ -157,23 +157,20 @@ class GitLabConnector:
             cursor = GitLabCursor.decode(request.cursor)
         except CursorError as exc:
             return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
-        timeout = Deadline(attempt).timeout()
-        if timeout is None:
-            return FetchFailure(retry_class="retryable", reason="timeout", detail="no budget left for the request")
+        deadline = Deadline(attempt)
         if cursor.next is not None:
             url = httpx.URL(f"{self._origin}{cursor.next}")
         else:
             url = httpx.URL(self._listing, params=_first_page_params(cursor.since, request.page_size))
-        try:
-            response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
-            if (response.status_code == 405 and url.params.get("pagination") == "keyset"
-                    and (timeout := Deadline(attempt).timeout())):
-                # a GitLab without keyset pages for this listing refuses them (405): ask for offset
-                # pages, which the cursor re-anchors (one more call per first page on such a server)
-                url = url.copy_remove_param("pagination")
-                response = self._http.get(url, timeout=timeout, extensions={ENDPOINT: "list_issues"})
-        except Exception as exc:  # noqa: BLE001 - every transport failure is classified
-            return fetch_failure(exception_problem(exc))
+        response = self._send("GET", url, deadline, "list_issues")
+        if (isinstance(response, httpx.Response) and response.status_code == 405
+                and url.params.get("pagination") == "keyset"):
+            # a GitLab without keyset pages for this listing refuses them (405): ask for offset
+            # pages, which the cursor re-anchors (one more call per first page on such a server)
+            url = url.copy_remove_param("pagination")
+            response = self._send("GET", url, deadline, "list_issues")
+        if isinstance(response, Problem):
+            return fetch_failure(response)
         if response.status_code != 200:
             return fetch_failure(_status_problem(response, "listing issues"))
         try:
@@ -248,7 +245,7 @@ class GitLabConnector:
         base = f"{self._prefix}/projects/{self._project}/issues/{iid}"
         note_id = None
         if command.reconcile_first:
-            lookup = self._find_marker(base, command.marker, deadline)
+            lookup = lookup_marker(lambda: self._find_marker(base, command.marker, deadline))
             if lookup.problem is not None:
                 return close_failure(lookup.problem)
             note_id = lookup.found
@@ -258,7 +255,8 @@ class GitLabConnector:
                 return failure
         return self._close(base, command, note_id, deadline)
 
-    def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
+    def _send(self, method: str, url: str | httpx.URL, deadline: Deadline, endpoint: str,
+              **kwargs) -> httpx.Response | Problem:
         return send(self._http, method, url, deadline, endpoint, **kwargs)
 
     def _post_note(self, base: str, command: CloseExternalIssue,
@@ -289,17 +287,19 @@ class GitLabConnector:
                                "closed", maybe_written=True)
         if problem is None:
             problem = _status_problem(response, "closing the issue")
-        if not problem.maybe_written:
-            return close_failure(problem)
+        return after_close_write(problem, lambda: self._read_closed(base, deadline),
+                                 lambda: self._receipt(command, note_id))
+
+    def _read_closed(self, base: str, deadline: Deadline) -> bool | Problem:
         state = self._send("GET", base, deadline, "get_issue")
-        if isinstance(state, httpx.Response) and state.status_code == 200:
-            try:
-                if _ONE_ISSUE.validate_json(state.content).state == "closed":
-                    return self._receipt(command, note_id)
-                return close_failure(problem, "reconciled_absent")
-            except ValidationError:
-                pass
-        return AmbiguousWrite(detail=f"{problem.detail}; the issue's state could not be read"[:300])
+        if isinstance(state, Problem):
+            return state
+        if state.status_code != 200:
+            return _status_problem(state, "reading the issue")
+        try:
+            return _ONE_ISSUE.validate_json(state.content).state == "closed"
+        except ValidationError:
+            return Problem("retryable", "transport_protocol", "reading the issue: the body does not parse")
 
     @staticmethod
     def _receipt(command: CloseExternalIssue, note_id: str) -> ConnectorReceipt:

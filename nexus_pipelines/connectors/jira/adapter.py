@@ -5,8 +5,10 @@ Listing: `GET /rest/api/3/search/jql` (the enhanced search) with
 `maxResults` = the core's page bound and only the mapped `fields`; the next page is the
 same query with Jira's `nextPageToken`. One request per invocation. Identity:
 `jira:<cloud id>:<issue id>`; the issue key is presentation only (it changes when an
-issue moves). Work types in `excluded_issue_type_ids` are skipped and counted.
-Close-back is in `closeback.py`. A 3xx is never followed.
+issue moves). Sub-tasks (the issue's own `issuetype.subtask` or `hierarchyLevel` -1: a site
+has several sub-task types, a team-managed project its own) are skipped and counted.
+Close-back is in `closeback.py`. A 3xx is never followed. Composition refuses a
+`jql_time_zone` other than the account's profile zone (`account.py`).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
+    first_error,
 )
+from nexus_pipelines.connectors.jira.account import JiraAccountRefused, check_profile_zone
 from nexus_pipelines.connectors.jira.adf import to_text
 from nexus_pipelines.connectors.jira.closeback import CloseBack
 from nexus_pipelines.connectors.jira.config import JiraConfig
@@ -39,7 +43,6 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     body_is_truncated,
     fetch_failure,
-    first_error,
     send,
     served_at,
 )
@@ -64,7 +67,6 @@ class JiraConnector:
         self._config = config
         self._zone = ZoneInfo(config.jql_time_zone)
         self._rest = httpx.URL(config.api_url).path.rstrip("/") + config.rest_prefix
-        self._excluded = frozenset(str(i) for i in config.excluded_issue_type_ids)
         # Jira limits per account: its email (not a secret) is the identity
         gate = context.gate(GatePolicy.for_origin(config.api_url, f"account {config.email}", LIMIT_STATUSES))
         self._http = make_client(
@@ -123,7 +125,7 @@ class JiraConnector:
             if floor is not None and item.fields.updated < floor:
                 return _invalid(f"issue {item.id} was updated before the query's bound: is provider.jql_time_zone "
                                 "the calling account's profile time zone?")
-            if item.fields.issuetype.id in self._excluded:
+            if item.fields.issuetype.is_subtask:  # a sub-task belongs to its parent's ticket
                 excluded += 1
                 continue
             try:
@@ -158,6 +160,14 @@ class JiraConnector:
             display_url=f"{self._config.site_url.rstrip('/')}/browse/{item.key}",
         )
 
+    def compose_check(self) -> None:
+        """The account's profile zone must be `jql_time_zone` (JiraAccountRefused otherwise)."""
+        try:
+            check_profile_zone(self._http, self._rest, self._config)
+        except JiraAccountRefused:
+            self.close()
+            raise
+
     # -- close ------------------------------------------------------------------------
 
     def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
@@ -169,4 +179,6 @@ def _invalid(detail: str) -> FetchFailure:
 
 
 def build(config: JiraConfig, secrets, context: ComposeContext) -> JiraConnector:
-    return JiraConnector(config, secrets["token"], context)
+    connector = JiraConnector(config, secrets["token"], context)
+    connector.compose_check()
+    return connector

@@ -4,14 +4,15 @@ docs/design/connector-contract.md).
 
 Transition ids belong to a workflow (each work type can have its own) and what is
 available depends on the issue's current status, so they are listed for the issue on
-every close (`GET .../transitions`), never cached or configured. No transition to the
-done status means the issue is either done already (its status is read) or cannot be
-closed by this account: a terminal failure before anything is written.
+every close (`GET .../transitions`), never cached or configured. The issue's status is
+read first: one in the done category is not transitioned again (Jira offers a global
+transition to done even then). No transition to the done status from an open status means
+this account cannot close the issue: a terminal failure before anything is written.
 
 Each write whose outcome the transport cannot prove is reconciled before anything
 retryable is answered: the comment by reading every page of the issue's comments for
-the exact marker, the transition by reading the issue's status. A lookup that cannot
-tell gives `AmbiguousWrite`, which core never retries.
+the exact marker, the transition by reading the issue's status (each read asked again on a 5xx). A lookup that
+cannot tell gives `AmbiguousWrite`, which core never retries in request.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from nexus_pipelines.connectors.core.values import (
-    AmbiguousWrite,
     CloseExternalIssue,
     CloseExternalIssueResult,
     CloseFailure,
@@ -34,8 +34,10 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     MarkerLookup,
     Problem,
+    after_close_write,
     after_comment_write,
     close_failure,
+    lookup_marker,
     send,
 )
 
@@ -72,13 +74,20 @@ class CloseBack:
                                        f"{self._config.cloud_id}")
         comment_id = None
         if self._command.reconcile_first:
-            lookup = self._find_marker()
+            lookup = lookup_marker(self._find_marker)
             if lookup.problem is not None:
                 return close_failure(lookup.problem)
             comment_id = lookup.found
-        transition, failure = self._done_transition()
-        if failure is not None:
-            return failure
+        # A global ("from any status") transition to done is offered while the issue is done,
+        # so the status is read first: an issue in the done category is not transitioned again.
+        closed = self._is_closed()
+        if isinstance(closed, Problem):
+            return close_failure(closed)
+        transition = None
+        if not closed:
+            transition, failure = self._done_transition()
+            if failure is not None:
+                return failure
         if comment_id is None:
             comment_id, failure = self._post_comment()
             if failure is not None:
@@ -89,7 +98,7 @@ class CloseBack:
         return send(self._http, method, url, self._deadline, endpoint, **kwargs)
 
     def _done_transition(self) -> tuple[str | None, CloseExternalIssueResult | None]:
-        """The transition to the done status (None when the issue is done already)."""
+        """The transition of an open issue to the done status."""
         response = self._send("GET", f"{self._url}/transitions", "get_transitions")
         if isinstance(response, Problem):
             return None, close_failure(response)
@@ -102,11 +111,6 @@ class CloseBack:
         choices = [t for t in listed.transitions if t.to.id == done and t.isAvailable]
         if choices:
             return min(choices, key=lambda t: t.hasScreen).id, None  # a screen may ask for fields
-        closed = self._is_closed()
-        if isinstance(closed, Problem):
-            return None, close_failure(closed)
-        if closed:
-            return None, None
         return None, close_failure(Problem("terminal", "ordinary_4xx", f"no transition to status {done} is "
                                            "available to this account from the issue's status (workflow or "
                                            "Transition issues permission)"))
@@ -139,12 +143,7 @@ class CloseBack:
         if isinstance(response, httpx.Response) and response.status_code in (200, 204):  # Jira documents 204
             return self._receipt(comment_id)
         problem = response if isinstance(response, Problem) else status_problem(response, "transitioning the issue")
-        if not problem.maybe_written:
-            return close_failure(problem)
-        closed = self._is_closed()
-        if isinstance(closed, Problem):
-            return AmbiguousWrite(detail=f"{problem.detail}; the issue's status could not be read"[:300])
-        return self._receipt(comment_id) if closed else close_failure(problem, "reconciled_absent")
+        return after_close_write(problem, self._is_closed, lambda: self._receipt(comment_id))
 
     def _receipt(self, comment_id: str) -> ConnectorReceipt:
         command = self._command

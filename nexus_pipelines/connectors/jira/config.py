@@ -48,14 +48,21 @@ class JiraConfig(BaseModel):
     project_id: Annotated[int, Field(gt=0, description="The project's immutable numeric id (not its key).")]
     done_status_id: Annotated[int, Field(gt=0, description="The status a close-back moves the issue to.")]
     jql_time_zone: Annotated[str, AfterValidator(_zone)] = Field(
-        description="The IANA time zone of the calling account's profile (GET /rest/api/3/myself: timeZone).")
+        description="The IANA time zone of the calling account's profile (GET /rest/api/3/myself: timeZone); "
+                    "every composition checks it.")
     email: Annotated[str, AfterValidator(_email)] = Field(description="The calling account's email (not a secret).")
     token: Annotated[str, AfterValidator(check_reference)] = Field(
         description="Credential reference, e.g. env:JIRA_TOKEN, to the service account's API token with scopes "
-                    "read:jira-work and write:jira-work (it expires after 1 to 365 days).")
-    excluded_issue_type_ids: list[Annotated[int, Field(gt=0)]] = Field(
-        default_factory=list, description="Work types listed in the project that are not tickets (e.g. sub-tasks).")
+                    "read:jira-work, write:jira-work and read:jira-user (it expires after 1 to 365 days).")
     local_mode: bool = Field(default=False, description="Allow plain http to a loopback host (the simulator).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_type_list(cls, data):
+        if isinstance(data, dict) and "excluded_issue_type_ids" in data:
+            raise ValueError("excluded_issue_type_ids is no longer read: sub-tasks are recognised from each "
+                             "issue's own type (issuetype.subtask); remove the field and register again")
+        return data
 
     @model_validator(mode="after")
     def _urls(self) -> Self:

@@ -38,6 +38,21 @@ class User(BaseModel):
     displayName: str = ""  # noqa: N815 - absent when the profile hides it
 
 
+class IssueType(BaseModel):
+    """A work type as an issue carries it: a sub-task says so itself (`subtask`, and
+    `hierarchyLevel` -1), whichever of a site's sub-task types or a team-managed project's
+    own types it is."""
+
+    model_config = _RAW
+    id: str = _ID
+    subtask: bool
+    hierarchyLevel: int | None = None  # noqa: N815
+
+    @property
+    def is_subtask(self) -> bool:
+        return self.subtask or self.hierarchyLevel == -1
+
+
 class Fields(BaseModel):
     model_config = _RAW
     summary: str
@@ -47,7 +62,7 @@ class Fields(BaseModel):
     status: Status
     updated: AwareDatetime
     project: Ref
-    issuetype: Ref
+    issuetype: IssueType
 
 
 class Issue(BaseModel):

@@ -12,6 +12,7 @@ SPEC = ConnectorSpec(
     config_model=JiraConfig,
     credential_fields=("token",),
     build=build,
-    permissions="an expiring API token with scopes (1-365 days) of a service account: scopes read:jira-work and "
-                "write:jira-work; in the one project only, Browse projects, Add comments and Transition issues",
+    permissions="an expiring API token with scopes (1-365 days) of a service account: scopes read:jira-work, "
+                "write:jira-work and read:jira-user; in the one project only, Browse projects, Add comments and "
+                "Transition issues",
 )

@@ -17,7 +17,7 @@ import socket
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -30,7 +30,7 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 
@@ -83,6 +83,7 @@ class SimResponse:
     status: int
     body: bytes = b""
     headers: dict[str, str] = field(default_factory=dict)
+    stream: Iterable[bytes] | None = None  # a body sent in chunks as it is produced (then `body` is unused)
 
     @classmethod
     def json(cls, status: int, payload: Any, headers: Mapping[str, str] | None = None) -> SimResponse:
@@ -91,6 +92,34 @@ class SimResponse:
     @classmethod
     def text(cls, status: int, text: str, headers: Mapping[str, str] | None = None) -> SimResponse:
         return cls(status, text.encode(), {"content-type": "text/plain", **(headers or {})})
+
+
+class HugeBody:
+    """A JSON body of `size` bytes, `opening` and `closing` padded with whitespace (valid JSON,
+    so only a size cap refuses it), streamed in chunks with no Content-Length; `served`
+    counts the bytes that left, so a test sees whether the client stopped reading."""
+
+    def __init__(self, size: int, opening: bytes = b"[", closing: bytes = b"]", chunk: int = 64 * 1024) -> None:
+        self.size, self.opening, self.closing, self.chunk = size, opening, closing, chunk
+        self.served = 0
+
+    def __iter__(self):
+        left = self.size - len(self.opening) - len(self.closing)
+        self.served += len(self.opening)
+        yield self.opening
+        while left > 0:
+            n = min(self.chunk, left)
+            left -= n
+            self.served += n
+            yield b" " * n
+        self.served += len(self.closing)
+        yield self.closing
+
+
+# What a proxy, captive portal or single sign-on gateway answers in place of an API: 200 and a page.
+SIGN_IN_PAGE = ("<!DOCTYPE html>\n<html><head><title>Sign in</title></head><body><form method=\"post\" "
+                "action=\"/login\"><input name=\"username\"><input name=\"password\" type=\"password\">"
+                "</form></body></html>\n")
 
 
 class TransportFault(Enum):
@@ -115,6 +144,8 @@ class Fault:
     headers: Mapping[str, str] = field(default_factory=dict)
     body: Any = None
     after_apply_status: int | None = None
+    html: str | None = None  # a page (text/html) with `status` (default 200) instead of the API's JSON
+    huge_body: HugeBody | None = None  # a 200 whose body is this streamed JSON
 
     @property
     def applies_first(self) -> bool:
@@ -150,6 +181,11 @@ def answer_fault(fault: Fault, apply: Callable[[], SimResponse], default_body: A
     if not fault.applies_first:
         if fault.transport is not None:
             raise InjectedFault(fault.transport)
+        if fault.html is not None:
+            return SimResponse(fault.status or 200, fault.html.encode(), {"content-type": "text/html; charset=utf-8"})
+        if fault.huge_body is not None:
+            return SimResponse(fault.status or 200, headers={"content-type": "application/json"},
+                               stream=fault.huge_body)
         body = default_body if fault.body is None else fault.body
         return SimResponse.json(fault.status or 500, body, fault.headers)
     response = apply()
@@ -255,7 +291,8 @@ class SimulatorTransport(httpx.BaseTransport):
             sim = self._handle(to_sim_request(request))
         except InjectedFault as injected:
             return _raise(injected.fault, request, injected.response)
-        return httpx.Response(sim.status, headers=sim.headers, content=sim.body, request=request)
+        content = iter(sim.stream) if sim.stream is not None else sim.body  # an iterator stays unread
+        return httpx.Response(sim.status, headers=sim.headers, content=content, request=request)
 
 
 def build_app(handle: Handler) -> Starlette:
@@ -272,6 +309,8 @@ def build_app(handle: Handler) -> Starlette:
             sim = await run_in_threadpool(handle, sim_request)
         except InjectedFault as injected:  # no transport faults over real HTTP: answer what was prepared
             sim = injected.response or SimResponse.text(503, "simulated fault")
+        if sim.stream is not None:
+            return StreamingResponse(iter(sim.stream), status_code=sim.status, headers=sim.headers)
         return Response(sim.body, status_code=sim.status, headers=sim.headers)
 
     methods = ["GET", "POST", "PATCH", "PUT", "DELETE"]

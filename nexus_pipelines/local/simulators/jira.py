@@ -7,11 +7,13 @@ hold at most 100 issues when fields beyond id/key are asked; `nextPageToken` is 
 the last page, bound to its query and expires after 7 days; `isLast`), `GET /issue/{id}`,
 comments (`GET` with `startAt`/`maxResults`/`orderBy=created` and `total`; `POST` with an
 ADF `body`, 201; a comment touches the issue's `updated`), transitions (`GET` lists what
-the account may do from the issue's status, nothing without Transition issues; `POST`
+the account may do from the issue's status, a global transition even in its own
+destination status, nothing without Transition issues; `POST`
 with `{"transition": {"id": ...}}`, 204, 400 for a transition that is not available),
-HTTP basic auth with an email and an API token with scopes (`read:jira-work` for reads,
-`write:jira-work` for writes: 401 "Unauthorized; scope does not match" otherwise; expiry,
-revocation), project permissions (Browse projects, Add comments, Transition issues), rate
+`GET /myself` (the calling account with its profile `timeZone`), HTTP basic auth with an
+email and an API token with scopes (`read:jira-work` for reads, `write:jira-work` for
+writes, `read:jira-user` for `/myself`: 401 "Unauthorized; scope does not match" otherwise;
+expiry, revocation), project permissions (Browse projects, Add comments, Transition issues), rate
 limits (429 with `Retry-After`, `X-RateLimit-*` and `RateLimit-Reason`) and `Date`.
 
 Times have millisecond precision and are rendered with the account's UTC offset; JQL
@@ -21,7 +23,9 @@ keyset position over the query's sort order; `offset_page_tokens` makes it an of
 an opaque token may be), and `index_lag` keeps a change out of search results for a
 while, as Jira's eventually consistent search may (`index_late` for one issue, so one
 stamped before a scan can appear behind a scan's position). Each work type has its
-own workflow, so transition ids differ between types.
+own workflow, so transition ids differ between types. A site has several sub-task types
+(`subtask` true, `hierarchyLevel` -1) and a team-managed project types of its own
+(`scope` names the project).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, build_app
 from nexus_pipelines.local.simulators.http import load_data, save_data
 
-READ_SCOPE, WRITE_SCOPE = "read:jira-work", "write:jira-work"
+READ_SCOPE, WRITE_SCOPE, USER_SCOPE = "read:jira-work", "write:jira-work", "read:jira-user"
 BROWSE, COMMENT, TRANSITION = "BROWSE_PROJECTS", "ADD_COMMENTS", "TRANSITION_ISSUES"
 PAGE_TOKEN_LIFETIME = timedelta(days=7)
 MAX_FIELDS_PAGE, MAX_IDS_PAGE, DEFAULT_PAGE = 100, 5000, 50
@@ -55,8 +59,26 @@ FIELDS = ("summary", "description", "labels", "reporter", "status", "updated", "
 STATUSES = {10000: ("To Do", "new"), 10001: ("In Progress", "indeterminate"), 10002: ("Done", "done"),
             10003: ("Won't Do", "done")}
 CATEGORIES = {"new": (2, "To Do"), "indeterminate": (4, "In Progress"), "done": (3, "Done")}
-TASK, BUG, SUBTASK = 10001, 10004, 10003
-ISSUE_TYPES = {TASK: ("Task", False), BUG: ("Bug", False), SUBTASK: ("Sub-task", True)}
+TASK, BUG, SUBTASK, REVIEW_SUBTASK, EPIC = 10001, 10004, 10003, 10005, 10000
+
+
+@dataclass(frozen=True)
+class IssueType:
+    """A work type: Jira's hierarchy levels are 1 for an epic, 0 for a base type and -1 for
+    a sub-task (`subtask` true); a team-managed project's types are its own (`project_id`)."""
+
+    name: str
+    hierarchy_level: int = 0
+    project_id: int | None = None  # None: a company-managed type, shared by the site
+
+    @property
+    def subtask(self) -> bool:
+        return self.hierarchy_level == -1
+
+
+# A site has several sub-task types; team-managed projects add their own (`add_issue_type`).
+ISSUE_TYPES = {TASK: IssueType("Task"), BUG: IssueType("Bug"), SUBTASK: IssueType("Sub-task", -1),
+               REVIEW_SUBTASK: IssueType("Review", -1), EPIC: IssueType("Epic", 1)}
 
 _REST = r"^/ex/jira/([0-9a-f-]{36})/rest/api/3"
 _ROUTES = (
@@ -64,8 +86,8 @@ _ROUTES = (
     (re.compile(_REST + r"/issue/([^/]+)/comment$"), {"GET": "get_comments", "POST": "add_comment"}),
     (re.compile(_REST + r"/issue/([^/]+)/transitions$"), {"GET": "get_transitions", "POST": "do_transition"}),
     (re.compile(_REST + r"/issue/([^/]+)$"), {"GET": "get_issue"}),
+    (re.compile(_REST + r"/(myself)$"), {"GET": "get_myself"}),
 )
-_WRITES = ("add_comment", "do_transition")
 _PARAMS = {
     "search_issues": {"jql", "nextPageToken", "maxResults", "fields", "expand", "properties", "fieldsByKeys",
                       "failFast", "reconcileIssues"},
@@ -75,7 +97,10 @@ _PARAMS = {
     "get_transitions": {"expand", "transitionId", "skipRemoteOnlyCondition", "includeUnavailableTransitions",
                         "sortByOpsBarAndStatus"},
     "do_transition": set(),
+    "get_myself": {"expand"},
 }
+# The scope each operation's API token needs (Atlassian's classic scopes per operation).
+_SCOPES = {"add_comment": WRITE_SCOPE, "do_transition": WRITE_SCOPE, "get_myself": USER_SCOPE}
 
 
 @dataclass(frozen=True)
@@ -83,7 +108,7 @@ class WorkflowTransition:
     id: int
     name: str
     to: int
-    sources: tuple[int, ...] | None = None  # None: a global transition, from any other status
+    sources: tuple[int, ...] | None = None  # None: a global transition, from any status (its own too)
     requires_resolution: bool = False  # its screen asks for a resolution
 
 
@@ -95,7 +120,7 @@ WORKFLOWS = {
           WorkflowTransition(61, "Reopen", 10000, (10002, 10003)),
           WorkflowTransition(71, "Won't do", 10003, (10000, 10001), requires_resolution=True)),
 }
-WORKFLOWS[SUBTASK] = WORKFLOWS[TASK]
+WORKFLOWS[SUBTASK] = WORKFLOWS[REVIEW_SUBTASK] = WORKFLOWS[EPIC] = WORKFLOWS[TASK]
 
 
 @dataclass
@@ -164,6 +189,7 @@ class JiraState:
         self.issues: dict[tuple[str, int], Issue] = {}
         self.accounts: dict[str, Account] = {}  # by account id
         self.tokens: dict[str, ApiToken] = {}
+        self.issue_types: dict[int, IssueType] = dict(ISSUE_TYPES)
         self.faults = FaultQueue()
         self.rate_limit: RateLimit | None = None
         self.limited_calls = 0
@@ -199,7 +225,15 @@ class JiraState:
             self.accounts[account_id] = account
             return account
 
-    def add_token(self, value: str, email_address: str, *, scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE),
+    def add_issue_type(self, type_id: int, name: str, *, hierarchy_level: int = 0,
+                       project_id: int | None = None) -> IssueType:
+        """A work type; with `project_id`, one of that team-managed project's own (its workflow is the task's)."""
+        with self._lock:
+            self.issue_types[type_id] = IssueType(name, hierarchy_level, project_id)
+            return self.issue_types[type_id]
+
+    def add_token(self, value: str, email_address: str, *,
+                  scopes: tuple[str, ...] = (READ_SCOPE, WRITE_SCOPE, USER_SCOPE),
                   expires_at: datetime | None = None) -> ApiToken:
         with self._lock:
             token = ApiToken(value, email_address, scopes, expires_at)
@@ -220,6 +254,9 @@ class JiraState:
                   status: int = 10000) -> Issue:
         with self._lock:
             project = self.projects[(cloud_id, project_id)]
+            scope = self.issue_types[issuetype].project_id
+            if scope not in (None, project_id):
+                raise ValueError(f"issue type {issuetype} belongs to team-managed project {scope}")
             project.numbers += 1
             now = updated_at or self.clock.now()
             issue = Issue(next(self._ids), f"{project.key}-{project.numbers}", project_id, summary,
@@ -286,6 +323,7 @@ class JiraState:
         with self._lock:
             data = {"projects": [{"site": site, **asdict(p), "grants": {}} for (site, _), p in self.projects.items()],
                     "issues": [{"site": site, **asdict(i)} for (site, _), i in self.issues.items()],
+                    "issue_types": {str(k): asdict(t) for k, t in self.issue_types.items()},
                     "next_id": next(self._ids)}
         save_data(path, data)
 
@@ -305,6 +343,8 @@ class JiraState:
                 for name in ("created", "updated"):
                     raw[name] = datetime.fromisoformat(raw[name])
                 self.issues[(site, raw["id"])] = Issue(**raw)
+            for type_id, raw in data.get("issue_types", {}).items():
+                self.issue_types[int(type_id)] = IssueType(**raw)
             self._ids = itertools.count(data["next_id"])
         return True
 
@@ -384,6 +424,12 @@ class _Render:
                 "accountId": account.account_id, "displayName": account.display_name, "active": True,
                 "timeZone": account.time_zone, "accountType": "atlassian"}
 
+    def myself(self, account: Account) -> dict[str, Any]:
+        """GET /myself: the calling account, its profile time zone included (Jira gives the
+        site's default zone when the profile sets none)."""
+        return {**self.user(account.account_id), "emailAddress": account.email, "locale": "en_US",
+                "avatarUrls": {"48x48": f"{self.base}/avatar/{account.account_id}/48"}}
+
     def status(self, status_id: int) -> dict[str, Any]:
         name, category = STATUSES[status_id]
         category_id, category_name = CATEGORIES[category]
@@ -394,15 +440,19 @@ class _Render:
 
     def issue(self, issue: Issue, fields: set[str]) -> dict[str, Any]:
         project = self.state.projects[(self.site, issue.project_id)]
-        type_name, subtask = ISSUE_TYPES[issue.issuetype]
+        kind = self.state.issue_types[issue.issuetype]
+        issuetype = {"self": f"{self.base}/rest/api/3/issuetype/{issue.issuetype}", "id": str(issue.issuetype),
+                     "description": "", "name": kind.name, "subtask": kind.subtask,
+                     "hierarchyLevel": kind.hierarchy_level, "avatarId": 10318}
+        if kind.project_id is not None:
+            issuetype["scope"] = {"type": "PROJECT", "project": {"id": str(kind.project_id)}}
         every = {
             "summary": issue.summary, "description": issue.description, "labels": list(issue.labels),
             "reporter": self.user(issue.reporter) if issue.reporter else None, "status": self.status(issue.status),
             "updated": jira_time(issue.updated, self.zone), "created": jira_time(issue.created, self.zone),
             "project": {"self": f"{self.base}/rest/api/3/project/{project.id}", "id": str(project.id),
                         "key": project.key, "name": project.name, "projectTypeKey": "software"},
-            "issuetype": {"self": f"{self.base}/rest/api/3/issuetype/{issue.issuetype}", "id": str(issue.issuetype),
-                          "name": type_name, "subtask": subtask, "hierarchyLevel": -1 if subtask else 0},
+            "issuetype": issuetype,
         }
         payload = {"expand": "renderedFields,names,schema,operations,editmeta,changelog,versionedRepresentations",
                    "id": str(issue.id), "self": f"{self.base}/rest/api/3/issue/{issue.id}", "key": issue.key}
@@ -443,7 +493,7 @@ class JiraSimulator(Simulator):
             site = route[0]
             if site not in state.sites:
                 return _gateway(404, "Cloud id not found")
-            account, refused = self._authenticate(request, write=operation in _WRITES)
+            account, refused = self._authenticate(request, _SCOPES.get(operation, READ_SCOPE))
             if refused is not None:
                 return refused
             limited = state._over_limit(request.headers["authorization"])
@@ -455,6 +505,8 @@ class JiraSimulator(Simulator):
             render = _Render(state, request, site, account)
             if operation == "search_issues":
                 return self._search(request, site, account, render)
+            if operation == "get_myself":
+                return SimResponse.json(200, render.myself(account))
             issue = self._visible_issue(site, route[1], account)
             if issue is None:
                 return _error(404, "Issue does not exist or you do not have permission to see it.")
@@ -463,7 +515,7 @@ class JiraSimulator(Simulator):
                        "do_transition": self._do_transition}[operation]
             return handler(request, site, issue, account, render)
 
-    def _authenticate(self, request: SimRequest, *, write: bool) -> tuple[Account | None, SimResponse | None]:
+    def _authenticate(self, request: SimRequest, scope: str) -> tuple[Account | None, SimResponse | None]:
         header = request.headers.get("authorization", "")
         scheme, _, encoded = header.partition(" ")
         try:
@@ -475,7 +527,7 @@ class JiraSimulator(Simulator):
         if (scheme != "Basic" or token is None or token.revoked or token.email != email_address
                 or (token.expires_at is not None and token.expires_at <= now)):
             return None, _gateway(401, "Unauthorized")
-        if (WRITE_SCOPE if write else READ_SCOPE) not in token.scopes:
+        if scope not in token.scopes:
             return None, _gateway(401, "Unauthorized; scope does not match")
         account = next(a for a in self.state.accounts.values() if a.email == email_address)
         return account, None
@@ -582,8 +634,10 @@ class JiraSimulator(Simulator):
     def _available(self, site: str, issue: Issue, account: Account) -> list[WorkflowTransition]:
         if not self._may(site, issue.project_id, account, TRANSITION):
             return []
-        return [t for t in WORKFLOWS[issue.issuetype] if t.to != issue.status
-                and (t.sources is None or issue.status in t.sources)]
+        # A global ("from any status") transition is offered in every status, its own
+        # destination included, as Jira does unless a condition hides it.
+        workflow = WORKFLOWS.get(issue.issuetype, WORKFLOWS[TASK])  # a team-managed type: the task's workflow
+        return [t for t in workflow if t.sources is None or issue.status in t.sources]
 
     def _get_transitions(self, request: SimRequest, site: str, issue: Issue, account: Account,
                          render: _Render) -> SimResponse:

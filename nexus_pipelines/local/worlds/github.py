@@ -27,7 +27,7 @@ from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSim
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.worlds.github_keys import shared_key_pair
-from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
+from nexus_pipelines.local.worlds.simulated import TRANSPORT_FAULTS, SimulatorWorld, SwitchTransport
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242
@@ -48,25 +48,18 @@ def _on_clock(clock) -> ConnectorRegistry:
     return ConnectorRegistry([dataclasses.replace(SPEC, build=functools.partial(build, clock=clock))])
 
 
-class _Switch(httpx.BaseTransport):
-    """Forwards to `inner`, which the world swaps once composition is done."""
-
-    def __init__(self, inner: httpx.BaseTransport) -> None:
-        self.inner = inner
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        return self.inner.handle_request(request)
-
-
 class GitHubWorld(SimulatorWorld):
     kind = "github"
     operations = _OPERATIONS
     route = staticmethod(GitHubSimulator.route)
 
     def __init__(self, *, repository_id: int = REPOSITORY_ID, key_pair: tuple[str, str] | None = None,
-                 clock: SimClock | None = None, issue_paging: str = "after", on_sim_clock: bool = False) -> None:
+                 clock: SimClock | None = None, issue_paging: str = "after", on_sim_clock: bool = False,
+                 server_clock_skew_s: float = 0.0) -> None:
         self.private_key, public_key = key_pair or shared_key_pair()
-        self.state = GitHubState(clock or SimClock(datetime.now(UTC).replace(microsecond=0)))
+        # server_clock_skew_s: GitHub's clock runs this far ahead of the local one (negative: behind)
+        start = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=server_clock_skew_s)
+        self.state = GitHubState(clock or SimClock(start))
         self.state.issue_paging = issue_paging  # "page": the listing links page numbers only
         # the adapter's own clock is the simulator's, for worlds that move time by hours
         self.registry = _on_clock(lambda: self.state.clock.now().timestamp()) if on_sim_clock else REGISTRY
@@ -96,7 +89,7 @@ class GitHubWorld(SimulatorWorld):
         return parse_registration(data, REGISTRY, source=f"{key}.yaml")
 
     def adapter(self, registration: Registration | None = None, transport: httpx.BaseTransport | None = None):
-        route = _Switch(self.transport)
+        route = SwitchTransport(self.transport)
         adapter = compose(registration or self.registration(), self.registry, ComposeContext(transport=route),
                           environ=self.environ)
         route.inner = transport or self.transport

@@ -3,7 +3,8 @@
 One world is one simulator with one site (its cloud id), one project, one service account
 whose profile time zone is not UTC (so every JQL date is really converted), an API token
 with scopes made fresh per world behind an `env:` reference, and the project permissions
-the connector needs. Sub-tasks are the excluded work type.
+the connector needs (read:jira-user too: composition reads the account's profile zone).
+Sub-tasks are the excluded work type.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.simulators.jira import SUBTASK, JiraSimulator, JiraState
-from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
+from nexus_pipelines.local.worlds.simulated import TRANSPORT_FAULTS, SimulatorWorld, SwitchTransport
 
 PROJECT_ID = 10000
 DONE_STATUS = 10002
@@ -80,7 +81,7 @@ class JiraWorld(SimulatorWorld):
     def provider(self, **changes) -> dict:
         return {"api_url": API_URL, "site_url": SITE_URL, "cloud_id": self.cloud_id, "project_id": self.project_id,
                 "done_status_id": DONE_STATUS, "jql_time_zone": TIME_ZONE, "email": EMAIL,
-                "token": f"env:{TOKEN_ENV}", "excluded_issue_type_ids": [SUBTASK], **changes}
+                "token": f"env:{TOKEN_ENV}", **changes}
 
     def registration(self, *, key: str = "conformance", tenant: str = "acme", project: str = "conformance",
                      page_size: int = 100, **provider) -> Registration:
@@ -89,8 +90,16 @@ class JiraWorld(SimulatorWorld):
         return parse_registration(data, REGISTRY, source=f"{key}.yaml")
 
     def adapter(self, registration: Registration | None = None, transport=None):
-        return compose(registration or self.registration(), REGISTRY,
-                       ComposeContext(transport=transport or self.transport), environ=self.environ)
+        """Composed over the simulator (composition reads the account's profile zone), then
+        answering over `transport` if given. The composition's own request is not kept in
+        `transport.requests`, which records the invocations' (`state.calls` counts it)."""
+        route = SwitchTransport(self.transport)
+        before = len(self.transport.requests)
+        adapter = compose(registration or self.registration(), REGISTRY, ComposeContext(transport=route),
+                          environ=self.environ)
+        del self.transport.requests[before:]
+        route.inner = transport or self.transport
+        return adapter
 
     def ref(self, issue_id: int) -> str:
         return f"jira:{self.cloud_id}:{issue_id}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import httpx
+
 from nexus_pipelines.local.simulators.http import Fault, TransportFault, to_sim_request
 
 # The shared suite's transport fault names (the `World` protocol of the conformance suite) as simulator faults:
@@ -18,6 +20,17 @@ TRANSPORT_FAULTS = {
     "apply_then_read_error": TransportFault.APPLY_THEN_RESET,
     "apply_then_protocol_error": TransportFault.APPLY_THEN_DROP,
 }
+
+
+class SwitchTransport(httpx.BaseTransport):
+    """Forwards to `inner`, which a world swaps once composition is done (a composition that
+    talks to the provider does so with the simulator; the invocations then meet `inner`)."""
+
+    def __init__(self, inner: httpx.BaseTransport) -> None:
+        self.inner = inner
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        return self.inner.handle_request(request)
 
 
 class SimulatorWorld:

@@ -171,6 +171,10 @@ def _close_setup(plant, pool, request):
     return registration, ref, ticket
 
 
+def _writes(world, operation):
+    return sum(1 for op, _ in world.requests() if op == operation)
+
+
 def _marked(world, ref):
     return [c for c in world.comments(ref) if "[nexus:close:" in c]
 
@@ -193,20 +197,52 @@ def test_an_ambiguous_close_confirmed_absent_is_written_once_more(plant, pool, r
     assert len(_marked(plant.world, ref)) == 1 and plant.world.issue_state(ref) == "closed"
 
 
-def test_an_inconclusive_close_is_dead_lettered_and_its_replay_reconciles_first(plant, pool, request):
+@pytest.mark.parametrize("step, read", [("comment", "lookup"), ("close", "read_issue")])
+def test_one_failed_reconciliation_read_is_read_again_and_the_close_completes(plant, pool, request, step, read):
+    registration, ref, ticket = _close_setup(plant, pool, request)
+    plant.world.fail_next(step, "apply_then_5xx")
+    plant.world.fail_next(read, "provider_5xx")
+    plant.prove(ticket)
+    report = plant.drain([registration.registration_id])
+    assert (report.dead, report.retried) == (0, 0)
+    assert len(_marked(plant.world, ref)) == 1 and plant.world.issue_state(ref) == "closed"
+    with pool.connection() as conn:
+        assert counts(conn, registration)["receipts"] == 1
+
+
+def _close_work(conn, command_id):
+    return conn.execute(
+        """SELECT c.status, w.work_id, w.state, w.attempts FROM ticket_close_commands c
+             JOIN connector_outbox_events e ON e.idempotency_key = c.command_id
+             JOIN connector_work_items w ON w.event_id = e.event_id
+            WHERE c.command_id = %s""", (command_id,)).fetchone()
+
+
+def test_an_inconclusive_close_is_retried_later_and_reconciles_before_it_writes_again(plant, pool, request):
     registration, ref, ticket = _close_setup(plant, pool, request)
     plant.world.fail_next("comment", "apply_then_timeout")
-    plant.world.fail_next("lookup", "provider_5xx", times=10)
+    plant.world.fail_next("lookup", "provider_5xx", times=3)  # every read of the first invocation
+    plant.prove(ticket)
+    report = plant.drain([registration.registration_id])
+    assert report.dead == 0 and report.retried >= 1
+    assert len(_marked(plant.world, ref)) == 1 and plant.world.issue_state(ref) == "closed"
+    assert _writes(plant.world, "comment") == 1  # the retry found the marker: no second write
+    with pool.connection() as conn:
+        assert counts(conn, registration)["receipts"] == 1
+
+
+def test_a_close_inconclusive_on_every_attempt_is_dead_lettered_and_its_replay_reconciles_first(plant, pool,
+                                                                                                 request):
+    registration, ref, ticket = _close_setup(plant, pool, request)
+    plant.world.fail_next("comment", "apply_then_timeout")
+    plant.world.fail_next("lookup", "provider_5xx", times=10_000)
     proof = plant.prove(ticket)
     report = plant.drain([registration.registration_id])
     assert report.dead == 1 and plant.world.issue_state(ref) == "open"
+    assert _writes(plant.world, "comment") == 1
     with pool.connection() as conn:
-        status, work_id = conn.execute(
-            """SELECT c.status, w.work_id FROM ticket_close_commands c
-                 JOIN connector_outbox_events e ON e.idempotency_key = c.command_id
-                 JOIN connector_work_items w ON w.event_id = e.event_id
-                WHERE c.command_id = %s""", (proof.command_id,)).fetchone()
-        assert status == "ambiguous"
+        status, work_id, state, attempts = _close_work(conn, proof.command_id)
+        assert state == "dead" and attempts > 1 and status in ("ambiguous", "dispatched")
         plant.world.clear_faults()
         replay(conn, work_id, requested_by="operator:test")
     plant.drain([registration.registration_id])

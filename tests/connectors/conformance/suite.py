@@ -29,6 +29,8 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
 )
+from nexus_pipelines.integrations.http import DEFAULT_MAX_BODY_BYTES
+from nexus_pipelines.local.simulators.http import SIGN_IN_PAGE, Fault, HugeBody
 from nexus_pipelines.local.worlds import scans
 
 
@@ -348,6 +350,36 @@ def test_exactly_one_transport_operation_per_invocation(world):
     for calls in adapter.per_call:
         ops = [op for op, _ in calls]
         assert ops.count("comment") <= 1 and ops.count("close") <= 1, ops
+
+
+# -- bad bodies: an HTML page in place of the API, a body past the size cap ------------------
+
+
+def test_an_html_page_with_status_200_is_named_as_such_and_never_retried(world):
+    world.add_issues(1)
+    world.state.faults.push(world.operations["list"], Fault(html=SIGN_IN_PAGE))
+    result, log = executor().fetch(world.adapter(), FetchIssuePage(cursor=None, page_size=10))
+    assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("terminal", "invalid_payload")
+    assert "HTML page" in result.detail and "sign-in page" in result.detail and log.attempts == 1
+
+
+def test_an_html_page_answering_a_comment_write_is_terminal_and_reconciled_before_anything_else(world):
+    (ref,) = world.add_issues(1)
+    world.state.faults.push(world.operations["comment"], Fault(html=SIGN_IN_PAGE))
+    result, log = executor().close(world.adapter(), close_command(ref))
+    assert isinstance(result, CloseFailure) and (result.retry_class, result.reason) == ("terminal", "invalid_payload")
+    assert result.write_disposition == "reconciled_absent" and "HTML page" in result.detail
+    assert log.attempts == 1 and world.comments(ref) == [] and world.issue_state(ref) == "open"
+
+
+def test_a_body_past_the_size_cap_is_stopped_while_it_streams_and_says_which_limit(world):
+    world.add_issues(1)
+    huge = HugeBody(40 * 2**20)
+    world.state.faults.push(world.operations["list"], Fault(huge_body=huge))
+    result, log = executor().fetch(world.adapter(), FetchIssuePage(cursor=None, page_size=10))
+    assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("terminal", "invalid_payload")
+    assert "larger than the 16 MiB a response may hold" in result.detail and log.attempts == 1
+    assert huge.served <= DEFAULT_MAX_BODY_BYTES + 2 * huge.chunk  # reading stopped at the cap, not at 40 MiB
 
 
 # -- ambiguous writes: marker found, confirmed absent, inconclusive -------------------------

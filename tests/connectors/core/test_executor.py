@@ -70,6 +70,16 @@ def test_a_page_larger_than_asked_or_a_non_advancing_cursor_is_refused():
     assert run(Scripted(empty_same))[0].kind == "page"  # nothing new: the same token is fine
 
 
+def test_a_value_the_adapter_could_not_build_says_which_field_and_which_limit_it_broke():
+    def oversized(attempt):
+        return ExternalIssuePage(issues=tuple(one_issue(n) for n in range(101)), next_cursor="c1", exhausted=True)
+
+    result, _ = run(Scripted(oversized), request=FetchIssuePage(cursor="c0", page_size=100))
+    assert isinstance(result, FetchFailure) and result.reason == "contract_violation"
+    assert result.detail.startswith("the adapter built an invalid value: issues: ")
+    assert "at most 100 items" in result.detail
+
+
 def test_a_wrong_result_type_is_a_contract_violation():
     wrong = CloseFailure(retry_class="retryable", reason="timeout", write_disposition="not_written")
     assert run(Scripted(wrong))[0].reason == "contract_violation"

@@ -83,6 +83,28 @@ def test_composition_mints_a_token_narrowed_to_the_repository_with_a_valid_app_j
     assert token.repository_ids == [REPOSITORY_ID] and token.permissions == {"issues": "write", "metadata": "read"}
 
 
+@pytest.mark.parametrize("server_ahead_s", [-120, -61, 541, 3600])  # the local clock 120 s ahead ... an hour behind
+def test_a_skewed_local_clock_signs_again_once_on_githubs_clock_and_polls(server_ahead_s):
+    world = GitHubWorld(server_clock_skew_s=server_ahead_s)
+    adapter = world.adapter()  # composition mints: refused once on the local clock, then signed on GitHub's
+    assert ops(world) == ["create_token", "create_token"] and len(world.state.tokens) == 1
+    first, second = (jwt.decode(r.headers["Authorization"].removeprefix("Bearer "), options={"verify_signature": False})
+                     for r in world.transport.requests)
+    server_now = world.state.clock.now().timestamp()
+    assert not first["iat"] <= server_now < first["exp"] <= server_now + 600  # invalid on GitHub's clock
+    assert second["iat"] <= server_now < second["exp"] <= server_now + 600  # valid on GitHub's clock
+    world.add_issues(2)
+    page = fetch(adapter)
+    assert isinstance(page, ExternalIssuePage) and len(page.issues) == 2
+
+
+def test_a_401_to_a_jwt_signed_on_githubs_own_clock_is_not_signed_again(world):
+    world.state.apps[APP_ID].public_keys.clear()  # the App's key was removed: every JWT is refused
+    with pytest.raises(GitHubCredentialsRefused, match="HTTP 401"):
+        world.adapter()
+    assert ops(world) == ["create_token"]  # the 401's Date shows no skew: a bad key is not signed again
+
+
 def test_the_listing_asks_for_every_state_by_update_time_ascending_and_follows_next_links(world):
     world.add_issues(3)
     adapter = world.adapter()

@@ -11,8 +11,10 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import parse_qs, urlsplit
 from zoneinfo import ZoneInfo
 
+import httpx
 import pytest
 
+from nexus_pipelines.connectors.core.registration import RegistrationError
 from nexus_pipelines.connectors.core.values import (
     AmbiguousWrite,
     CloseFailure,
@@ -21,12 +23,24 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
 )
+from nexus_pipelines.connectors.jira.account import JiraAccountRefused
 from nexus_pipelines.connectors.jira.adf import to_adf, to_text
 from nexus_pipelines.connectors.jira.cursor import JiraCursor, jql_minute
+from nexus_pipelines.connectors.provider_http import RECONCILE_READS
 from nexus_pipelines.local.simulators.http import Fault
-from nexus_pipelines.local.simulators.jira import BROWSE, BUG, READ_SCOPE, RateLimit
+from nexus_pipelines.local.simulators.jira import (
+    BROWSE,
+    BUG,
+    EPIC,
+    READ_SCOPE,
+    REVIEW_SUBTASK,
+    SUBTASK,
+    USER_SCOPE,
+    WRITE_SCOPE,
+    RateLimit,
+)
 from tests.connectors.conformance.suite import _attempt, close_command, executor, scan
-from nexus_pipelines.local.worlds.jira import BOT, EMAIL, PROJECT_ID, TOKEN_ENV, JiraWorld
+from nexus_pipelines.local.worlds.jira import API_URL, BOT, EMAIL, PROJECT_ID, TIME_ZONE, TOKEN_ENV, JiraWorld
 
 
 @pytest.fixture
@@ -166,13 +180,39 @@ def test_a_refused_page_token_that_has_not_expired_is_a_terminal_failure(world):
     assert isinstance(result, FetchFailure) and (result.retry_class, result.reason) == ("terminal", "ordinary_4xx")
 
 
-def test_a_time_zone_other_than_the_accounts_is_caught_when_jira_answers_before_the_bound(world):
-    old = world.state.add_issue(world.cloud_id, PROJECT_ID, summary="three hours earlier",
-                                updated_at=world.state.clock.now() - timedelta(hours=3))
+def test_a_jql_time_zone_other_than_the_accounts_profile_zone_is_refused_at_composition_naming_both(world):
     world.add_issues(1)
-    registration = world.registration(jql_time_zone="America/Los_Angeles")  # 18-19 hours west of Sydney
-    _, tokens = scan(world, world.adapter(registration))
-    result = world.adapter(registration).fetch_page(FetchIssuePage(cursor=tokens[-1], page_size=100), _attempt())
+    with pytest.raises(JiraAccountRefused) as refused:
+        world.adapter(world.registration(jql_time_zone="Europe/Berlin"))  # east of nothing: Sydney is the profile's
+    line = str(refused.value)
+    assert "Europe/Berlin" in line and TIME_ZONE in line and "\n" not in line and "register again" in line
+    assert world.state.calls["get_myself"] == 1 and world.state.calls["search_issues"] == 0  # nothing was searched
+
+
+def test_a_profile_zone_changed_later_is_refused_by_the_next_composition(world):
+    world.add_issues(1)
+    assert isinstance(fetch(world), ExternalIssuePage)
+    world.state.accounts[BOT].time_zone = "America/Los_Angeles"  # an administrator changes the profile
+    with pytest.raises(JiraAccountRefused, match="profile time zone is America/Los_Angeles"):
+        world.adapter()
+
+
+def test_the_account_zone_check_needs_read_jira_user_and_says_so(world):
+    world.state.tokens[world.token].scopes = (READ_SCOPE, WRITE_SCOPE)
+    with pytest.raises(JiraAccountRefused, match="lacks read:jira-user"):
+        world.adapter()
+
+
+def test_a_profile_zone_changed_mid_run_is_caught_when_jira_answers_before_the_bound(world):
+    old = world.state.add_issue(world.cloud_id, PROJECT_ID, summary="two hours earlier",
+                                updated_at=world.state.clock.now() - timedelta(hours=2))
+    world.add_issues(1)
+    adapter = world.adapter()
+    _, tokens = scan(world, adapter)
+    # three hours east of the zone the run composed in: the bound now means an earlier instant
+    # (a zone moved west asks from the future instead, which the next run's composition refuses)
+    world.state.accounts[BOT].time_zone = "Pacific/Kiritimati"
+    result = adapter.fetch_page(FetchIssuePage(cursor=tokens[-1], page_size=100), _attempt())
     assert isinstance(result, FetchFailure) and result.reason == "invalid_payload"
     assert "jql_time_zone" in result.detail and str(old.id) in result.detail
 
@@ -201,7 +241,27 @@ def test_descriptions_labels_reporter_and_done_statuses_map_with_jiras_meaning(w
     assert mapped.external_state == "closed" and mapped.title == "mapped" and str(issue.id) in mapped.external_ref
 
 
+def test_every_sub_task_type_of_the_site_and_of_a_team_managed_project_is_skipped_by_its_own_payload(world):
+    world.state.add_issue_type(10100, "Subtask", hierarchy_level=-1, project_id=PROJECT_ID)  # team-managed
+    world.state.add_issue_type(10101, "Story", project_id=PROJECT_ID)
+    kept = [world.state.add_issue(world.cloud_id, PROJECT_ID, summary=t, issuetype=k)
+            for t, k in (("a task", 10001), ("a story", 10101), ("an epic", EPIC))]
+    for kind in (SUBTASK, REVIEW_SUBTASK, 10100):
+        world.state.add_issue(world.cloud_id, PROJECT_ID, summary=f"sub-task {kind}", issuetype=kind)
+    world.advance(1)
+    result = fetch(world)
+    assert isinstance(result, ExternalIssuePage) and result.excluded == 3
+    assert sorted(i.title for i in result.issues) == sorted(i.summary for i in kept)
+
+
+def test_a_registration_that_still_lists_excluded_issue_type_ids_is_refused_in_one_line(world):
+    with pytest.raises(RegistrationError) as refused:
+        world.registration(excluded_issue_type_ids=[10003])
+    assert "excluded_issue_type_ids is no longer read" in str(refused.value) and "\n" not in str(refused.value)
+
+
 @pytest.mark.parametrize("change, why", [
+    ({"fields": {"issuetype": {"id": "10003"}}}, "subtask"),
     ({"fields": {"project": {"id": "99999"}}}, "belongs to project 99999"),
     ({"fields": {"status": {"id": "1", "statusCategory": {"key": "in-flight"}}}}, "status category"),
     ({"fields": {"updated": "2026-11-01 09:00"}}, "updated"),
@@ -212,7 +272,7 @@ def test_a_payload_that_breaks_jiras_schema_is_refused_whole(world, change, why)
     valid = {"id": "10001", "key": "PLAT-1", "fields": {
         "summary": "s", "description": None, "labels": [], "reporter": None, "updated": "2026-11-01T09:00:00.000+0000",
         "status": {"id": "10000", "statusCategory": {"key": "new"}}, "project": {"id": str(PROJECT_ID)},
-        "issuetype": {"id": "10001"}}}
+        "issuetype": {"id": "10001", "subtask": False}}}
     broken = {**valid, **{k: v for k, v in change.items() if k != "fields"},
               "fields": {**valid["fields"], **change.get("fields", {})}}
     world.state.faults.push("search_issues", Fault(status=200, body={"issues": [valid, broken], "isLast": True}))
@@ -231,7 +291,7 @@ def test_an_is_last_that_contradicts_the_page_token_is_refused(world):
 
 def test_a_token_without_the_write_scope_is_an_authorization_failure_that_writes_nothing(world):
     (ref,) = world.add_issues(1)
-    world.state.tokens[world.token].scopes = (READ_SCOPE,)
+    world.state.tokens[world.token].scopes = (READ_SCOPE, USER_SCOPE)
     result, log = executor().close(world.adapter(), close_command(ref))
     assert isinstance(result, CloseFailure) and (result.reason, result.retry_class) == ("authorization", "terminal")
     assert "scope" in result.detail and world.comments(ref) == [] and log.attempts == 1
@@ -240,11 +300,16 @@ def test_a_token_without_the_write_scope_is_an_authorization_failure_that_writes
 @pytest.mark.parametrize("spoil", ["revoke", "expire", "other_email"])
 def test_a_revoked_or_expired_token_or_another_accounts_email_is_an_authentication_failure(world, spoil):
     world.add_issues(1)
+    if spoil == "other_email":
+        with pytest.raises(JiraAccountRefused, match="HTTP 401: the API token is invalid"):
+            world.adapter(world.registration(email="someone.else@example.test"))  # refused at composition
+        return
+    adapter = world.adapter()
     if spoil == "revoke":
         world.state.revoke(world.token)
-    elif spoil == "expire":
+    else:
         world.state.tokens[world.token].expires_at = world.state.clock.now()
-    result = fetch(world, email="someone.else@example.test") if spoil == "other_email" else fetch(world)
+    result = adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt())
     assert isinstance(result, FetchFailure) and (result.reason, result.retry_class) == ("authentication", "terminal")
 
 
@@ -257,9 +322,10 @@ def test_a_project_the_account_cannot_browse_is_refused_as_a_query_error(world):
 
 def test_the_rate_limit_wait_comes_from_retry_after_or_from_the_reset_minute(world):
     world.add_issues(1)
+    adapter = world.adapter()
     world.state.rate_limit = RateLimit(limit=1, window_s=60)
-    assert isinstance(fetch(world), ExternalIssuePage)
-    limited = fetch(world)
+    assert isinstance(adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt()), ExternalIssuePage)
+    limited = adapter.fetch_page(FetchIssuePage(cursor=None, page_size=100), _attempt())
     assert isinstance(limited, FetchFailure) and limited.reason == "throttled" and 0 < limited.retry_after_seconds <= 60
     world.state.rate_limit = None
     reset = (world.state.clock.now() + timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%MZ")
@@ -295,7 +361,8 @@ def test_each_close_lists_the_issues_transitions_and_uses_its_own_work_types_id(
         world.clear_requests()
         result, _ = executor().close(world.adapter(), close_command(world.ref(issue.id), ticket=n))
         assert isinstance(result, ConnectorReceipt) and world.issue_state(world.ref(issue.id)) == "closed"
-        assert close_calls(world) == [("GET", "transitions"), ("POST", "comment"), ("POST", "transitions")]
+        assert close_calls(world) == [("GET", str(issue.id)), ("GET", "transitions"), ("POST", "comment"),
+                                      ("POST", "transitions")]
     bodies = [json.loads(r.content) for r in world.transport.requests if r.method == "POST" and
               r.url.path.endswith("/transitions")]
     assert bodies == [{"transition": {"id": "51"}}]  # the bug's workflow: "Resolve", not the task's "Done" (31)
@@ -306,7 +373,22 @@ def test_an_issue_already_done_gets_its_comment_and_no_transition(world):
     world.state.update_issue(world.cloud_id, world.issue_id(ref), status=10002)
     result, _ = executor().close(world.adapter(), close_command(ref))
     assert isinstance(result, ConnectorReceipt)
-    assert close_calls(world) == [("GET", "transitions"), ("GET", str(world.issue_id(ref))), ("POST", "comment")]
+    assert close_calls(world) == [("GET", str(world.issue_id(ref))), ("POST", "comment")]
+
+
+def test_a_replayed_close_of_a_done_issue_makes_no_second_transition_though_a_global_done_is_offered(world):
+    (ref,) = world.add_issues(1)  # a task: its workflow has a global ("from any status") Done
+    command = close_command(ref)
+    assert isinstance(executor().close(world.adapter(), command)[0], ConnectorReceipt)
+    basic = base64.b64encode(f"{EMAIL}:{world.token}".encode()).decode()
+    with httpx.Client(transport=world.transport, base_url=API_URL) as client:
+        offered = client.get(f"/ex/jira/{world.cloud_id}/rest/api/3/issue/{world.issue_id(ref)}/transitions",
+                             headers={"Authorization": f"Basic {basic}"}).json()
+    assert "10002" in [t["to"]["id"] for t in offered["transitions"]]  # Done is offered while Done, as in Jira
+    for _ in range(5):
+        replayed, _ = executor().close(world.adapter(), command.model_copy(update={"reconcile_first": True}))
+        assert isinstance(replayed, ConnectorReceipt) and replayed.comment_ref.startswith("comment:")
+    assert world.state.calls["do_transition"] == 1 and len(world.comments(ref)) == 1
 
 
 def test_no_transition_to_the_done_status_writes_nothing(world):
@@ -344,7 +426,18 @@ def test_a_comment_deleted_during_the_lookup_makes_it_inconclusive(world):
     (ref,) = world.add_issues(1)
     filler = [{"id": str(n), "body": to_adf(f"c{n}")} for n in range(100)]
     world.fail_next("comment", "apply_then_timeout")
+    shrinking = (Fault(status=200, body={"startAt": 0, "total": 150, "comments": filler}),
+                 Fault(status=200, body={"startAt": 100, "total": 120, "comments": filler[:20]}))
+    world.state.faults.push("get_comments", *shrinking * RECONCILE_READS)  # every read of the lookup sees it
+    result = world.adapter().comment_and_close(close_command(ref), _attempt())
+    assert isinstance(result, AmbiguousWrite) and "deleted" in result.detail
+
+
+def test_a_lookup_that_saw_a_deletion_is_read_again_and_finds_the_marker(world):
+    (ref,) = world.add_issues(1)
+    filler = [{"id": str(n), "body": to_adf(f"c{n}")} for n in range(100)]
+    world.fail_next("comment", "apply_then_timeout")
     world.state.faults.push("get_comments", Fault(status=200, body={"startAt": 0, "total": 150, "comments": filler}),
                             Fault(status=200, body={"startAt": 100, "total": 120, "comments": filler[:20]}))
     result = world.adapter().comment_and_close(close_command(ref), _attempt())
-    assert isinstance(result, AmbiguousWrite) and "deleted" in result.detail
+    assert isinstance(result, ConnectorReceipt) and len(world.comments(ref)) == 1

@@ -16,14 +16,14 @@ from nexus_pipelines.connectors.jira.cursor import JiraCursor
 from tests.connectors.conformance.suite import _attempt
 from tests.connectors.fuzzing import adapter_answering as answering
 from tests.connectors.fuzzing import check, check_cursor_token, cursor_text, fetch_checked, json_values
-from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
+from nexus_pipelines.local.worlds.jira import BOT, PROJECT_ID, JiraWorld
 
 FIELDS = {
     "summary": "s", "description": {"type": "doc", "version": 1, "content": [
         {"type": "paragraph", "content": [{"type": "text", "text": "d"}]}]},
     "labels": ["a"], "reporter": {"accountId": "5b10a2844c20165700ede21g", "displayName": "R"},
     "status": {"id": "10000", "statusCategory": {"key": "new"}}, "updated": "2026-11-01T09:00:00.000+0000",
-    "project": {"id": str(PROJECT_ID)}, "issuetype": {"id": "10001"},
+    "project": {"id": str(PROJECT_ID)}, "issuetype": {"id": "10001", "subtask": False},
 }
 
 
@@ -73,6 +73,7 @@ def test_arbitrary_cursor_tokens_are_typed_failures_or_valid_cursors(token):
 def test_any_cursor_time_in_any_zone_is_a_query_or_a_typed_failure(moment, zone):
     token = JiraCursor(seq=1, since=moment).encode()
     world = JiraWorld()
+    world.state.accounts[BOT].time_zone = zone  # the profile's zone, which composition checks
     adapter = world.adapter(world.registration(jql_time_zone=zone),
                             transport=httpx.MockTransport(lambda r: httpx.Response(200, json={"issues": []})))
     check(adapter.fetch_page(FetchIssuePage(cursor=token, page_size=5), _attempt()))
