@@ -15,8 +15,10 @@ from nexus_pipelines.connectors.core.compose import CachedComposer
 from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ComposeContext
+from nexus_pipelines.connectors.core.sweep import SweepReport, sweep
 from nexus_pipelines.connectors.core.tick import PollRunReport, poll
 from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.connectors.sweeps import sources
 from nexus_pipelines.local.simulators.http import Fault, TransportFault, to_sim_request
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
 from nexus_pipelines.tickets.proofs import record_proof
@@ -127,6 +129,12 @@ class Plant:
         self.route()
         self.drain([r.registration_id for r in registrations] if registrations else None)
         return report
+
+    def sweep(self, registration: Registration, **kwargs) -> SweepReport:
+        """One reconciliation sweep of the registration, as the sweep job runs it."""
+        with self.pool.connection() as conn:
+            return sweep(conn, REGISTRY, registration, sources(self.composer), owner="test-sweeper",
+                         executor=executor(), **kwargs)
 
     def prove(self, ticket_id: int, request_id: str = "proof-1", evidence: str = "shipped in release 42"):
         """Record a success proof; an open, untriaged connector ticket is first accepted by its project's

@@ -40,7 +40,6 @@ from nexus_pipelines.workqueue.states import UNFINISHED, sql_in
 
 SWEEP_NAMESPACE = "issue-sweep"
 SWEPT_MARK = "swept"  # the receipt body key that says a sweep found this version missing
-LEASE_WAIT_S = 30.0  # how long a sweep waits for a poll tick to give the lease back
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,7 @@ class SweepBounds:
     max_pages: int = 2000  # 200,000 issues at 100 a page
     time_budget_s: float = 1800.0
     max_gaps: int = 1000  # read in full and admitted per sweep; the next sweep takes the rest
+    lease_wait_s: float = 30.0  # how long to wait for a poll tick to give the registration's lease back
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,8 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
         if len(candidates) > bounds.max_gaps:
             report.outcome = "partial"
             report.detail = f"{len(candidates) - bounds.max_gaps} more gaps are left for the next sweep"
-        _reobserve(conn, registry, registration, source, executor, report, owner, sleep)
+        _reobserve(conn, registration, source, executor, report,
+                   lambda: _claim(conn, registry, registration, owner, bounds.lease_wait_s, sleep))
     _record(conn, registration, report, started)
     return report
 
@@ -171,8 +172,8 @@ def _gaps(conn: Connection, registration: Registration, listed: dict[str, dateti
     return [Gap(*row) for row in rows]
 
 
-def _reobserve(conn: Connection, registry: ConnectorRegistry, registration: Registration, source: SweepSource,
-               executor: RetryExecutor, report: SweepReport, owner: str, sleep: Callable[[float], None]) -> None:
+def _reobserve(conn: Connection, registration: Registration, source: SweepSource, executor: RetryExecutor,
+               report: SweepReport, claim_lease: Callable[[], store.PollClaim | None]) -> None:
     """Read each gap in full, then admit the versions under the poll lease, compared again."""
     versions = []
     for gap in report.gaps:
@@ -186,7 +187,7 @@ def _reobserve(conn: Connection, registry: ConnectorRegistry, registration: Regi
             versions.append(issue_version(result.issue, registration))
     if not versions:
         return
-    claim = _claim(conn, registry, registration, owner, sleep)
+    claim = claim_lease()
     if claim is None:
         report.outcome, report.detail = "lease_busy", "a poll held the registration's lease throughout"
         return
@@ -209,9 +210,9 @@ def _swept(version: store.IssueVersion) -> store.IssueVersion:
                               {**version.body, SWEPT_MARK: True})
 
 
-def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registration, owner: str,
+def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registration, owner: str, wait_s: float,
            sleep: Callable[[float], None]) -> store.PollClaim | None:
-    deadline = time.monotonic() + LEASE_WAIT_S
+    deadline = time.monotonic() + wait_s
     while True:
         claim = store.claim_now(conn, registry, registration.registration_id, owner=owner,
                                 ttl=timedelta(seconds=60))

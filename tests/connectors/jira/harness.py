@@ -115,6 +115,9 @@ class JiraWorld(SimulatorWorld):
         self.state.update_issue(self.cloud_id, self.issue_id(external_ref), summary=title)
         self.state.clock.advance(0.001)
 
+    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
+        return self.ref(self.state.add_issue(self.cloud_id, self.project_id, summary=title, updated_at=updated_at).id)
+
     def add_excluded_item(self) -> None:
         self.state.add_issue(self.cloud_id, self.project_id, summary="A sub-task, not a ticket", issuetype=SUBTASK)
         self.state.clock.advance(0.001)
