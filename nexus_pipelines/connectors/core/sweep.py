@@ -90,7 +90,15 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
           ) -> SweepReport:
     """Sweep one registration's active revision and record the outcome."""
     report = SweepReport(registration.registration_id, registration.revision_id)
-    started = conn.execute("SELECT now()").fetchone()[0]
+    started, active = conn.execute(
+        """SELECT now(), (SELECT revision_id FROM connector_registrations
+                           WHERE tenant = %s AND registration_key = %s AND status = 'active')""",
+        (registration.tenant, registration.key)).fetchone()
+    if active != registration.revision_id:
+        report.outcome = "failed"
+        report.detail = (f"revision {registration.revision_id} is not the active one ({active or 'none is active'}); "
+                         "run `nexus-pipelines connectors activate` first")
+        return report  # nothing was swept, so nothing is recorded
     source = source_for(registration)
     listed = _list(source, executor, bounds, report, on_page)
     if report.outcome != "failed":
