@@ -18,6 +18,7 @@ from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.sweep import SweepBounds
 from nexus_pipelines.connectors.registry import REGISTRY
 from tests.connectors.support import Plant, tickets_by_ref
+from tests.tickets.support import accept
 
 
 @pytest.fixture
@@ -85,6 +86,11 @@ def test_a_sweep_finds_and_reobserves_an_issue_the_polls_never_saw(plant, pool, 
     assert ticket["title"] == "Filed while the scan looked away" and ticket["observations"] == 1
     assert recorded == (1, 1)
     assert _findings(pool, missed) == ["connector_triage_required", "connector_sweep_gap"]
+    with pool.connection() as conn:
+        accept(conn, ticket["ticket_id"])  # its commander triages it: both findings are resolved
+        assert conn.execute("""SELECT count(*) FROM attention_findings f WHERE ticket_id = %s AND NOT EXISTS
+                               (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)""",
+                            (ticket["ticket_id"],)).fetchone()[0] == 0
     again = plant.sweep(registration)
     assert (again.outcome, again.gaps, again.reobserved) == ("complete", [], [])
 
