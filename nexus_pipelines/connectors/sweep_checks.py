@@ -62,7 +62,8 @@ def sweep_result(rid: str, report: SweepReport) -> AssetCheckResult:
         asset_key=tickets_asset_key(rid), check_name=SWEEP_CHECK, passed=finished and missed == 0,
         severity=AssetCheckSeverity.WARN if finished else AssetCheckSeverity.ERROR, description=description[:1000],
         metadata={"missed": MetadataValue.int(missed), "reobserved": MetadataValue.int(len(report.reobserved)),
-                  "listed": MetadataValue.int(report.listed), "excluded": MetadataValue.int(report.excluded),
+                  "listed": MetadataValue.int(report.listed), "recent": MetadataValue.int(report.recent),
+                  "excluded": MetadataValue.int(report.excluded),
                   "pages": MetadataValue.int(report.pages), "calls": MetadataValue.int(report.calls),
                   "outcome": MetadataValue.text(report.outcome),
                   "missed_refs": MetadataValue.json([g.external_ref for g in report.gaps][:100])})

@@ -10,7 +10,7 @@ stamped at a given time: one older than a finished scan's bound is one the polls
 from __future__ import annotations
 
 import math
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -35,6 +35,9 @@ def _registered(plant, request):
     registration = plant.world.registration(key="sw-" + str(abs(hash(request.node.name)) % 10**8))
     plant.activate(registration)
     return registration
+
+
+JUDGE_ALL = SweepBounds(settle_s=0)  # judge every listed issue, however recently it changed
 
 
 def _missed_by_the_polls(plant, registration) -> str:
@@ -104,13 +107,13 @@ def test_a_sweep_reobserves_a_newer_version_whose_observation_was_lost(plant, po
     plant.sync([registration])
     _lose_latest_observation(pool, ref)
 
-    report = plant.sweep(registration)
+    report = plant.sweep(registration, bounds=JUDGE_ALL)
     assert [(g.external_ref, g.reason) for g in report.gaps] == [(ref, "stale")] and report.reobserved == [ref]
     plant.route()
     plant.drain([registration.registration_id])
     with pool.connection() as conn:
         assert tickets_by_ref(conn, registration)[ref]["observations"] == 2
-    assert plant.sweep(registration).gaps == []
+    assert plant.sweep(registration, bounds=JUDGE_ALL).gaps == []
 
 
 def test_a_complete_intake_has_no_gaps_and_costs_one_list_call_per_hundred_items(plant, world, request):
@@ -120,7 +123,7 @@ def test_a_complete_intake_has_no_gaps_and_costs_one_list_call_per_hundred_items
     plant.sync([registration])
     world.clear_requests()
 
-    report = plant.sweep(registration)
+    report = plant.sweep(registration, bounds=JUDGE_ALL)
     assert (report.outcome, report.listed, report.excluded, report.gaps) == ("complete", 230, 1, [])
     pages = math.ceil(231 / 100)
     assert report.pages == pages and _list_calls(world) == pages
@@ -134,7 +137,7 @@ def test_excluded_items_are_never_gaps(plant, world, request):
     world.add_excluded_item()
     plant.sync([registration])
 
-    report = plant.sweep(registration)
+    report = plant.sweep(registration, bounds=JUDGE_ALL)
     assert (report.listed, report.excluded, report.gaps) == (2, 2, [])
 
 
@@ -143,10 +146,10 @@ def test_a_version_a_poll_admitted_but_no_drain_applied_yet_is_not_a_gap(plant, 
     world.add_issues(4)
     plant.poll([registration])  # receipts admitted, not routed or drained
 
-    report = plant.sweep(registration)
+    report = plant.sweep(registration, bounds=JUDGE_ALL)
     assert (report.listed, report.gaps) == (4, [])
     plant.route()
-    assert plant.sweep(registration).gaps == []  # routed, its work item still pending
+    assert plant.sweep(registration, bounds=JUDGE_ALL).gaps == []  # routed, its work item still pending
 
 
 def test_a_failed_listing_is_a_recorded_failed_sweep_that_admits_nothing(plant, pool, world, request):
@@ -178,6 +181,18 @@ def test_a_sweep_waits_for_a_held_poll_lease_and_admits_nothing_while_it_is_held
     with pool.connection() as conn:
         store.release(conn, held)
     assert plant.sweep(registration).reobserved == [missed]
+
+
+def test_a_change_newer_than_the_settle_window_is_left_to_the_incremental_scans(plant, world, request):
+    registration = _registered(plant, request)
+    world.add_issues(2)
+    plant.sync([registration])
+    fresh = world.add_issue_at(datetime.now(UTC), title="Filed a moment ago")  # the next poll's to read
+
+    report = plant.sweep(registration)
+    assert report.listed == 3 and report.recent >= 1 and report.gaps == []  # (a simulator on today's clock: 3)
+    assert [(g.external_ref, g.reason) for g in plant.sweep(registration, bounds=JUDGE_ALL).gaps] == [
+        (fresh, "missing")]
 
 
 def test_a_sweep_stops_at_its_page_bound_and_says_so(plant, world, request):

@@ -45,9 +45,18 @@ SWEPT_MARK = "swept"  # the receipt body key that says a sweep found this versio
 @dataclass(frozen=True)
 class SweepBounds:
     max_pages: int = 2000  # 200,000 issues at 100 a page
-    time_budget_s: float = 1800.0
+    time_budget_s: float = 1800.0  # listing and reading gaps (the lease wait and the commit come after)
     max_gaps: int = 1000  # read in full and admitted per sweep; the next sweep takes the rest
     lease_wait_s: float = 30.0  # how long to wait for a poll tick to give the registration's lease back
+    # An issue changed this recently is still the incremental scans' to read (their next scan
+    # starts no later than it): not judged. None: two poll intervals, at least 5 minutes,
+    # plus a minute for the provider's clock.
+    settle_s: float | None = None
+
+    def settle(self, registration: Registration) -> timedelta:
+        if self.settle_s is not None:
+            return timedelta(seconds=self.settle_s)
+        return timedelta(seconds=max(2 * registration.poll_interval_seconds, 300) + 60)
 
 
 @dataclass(frozen=True)
@@ -63,6 +72,7 @@ class SweepReport:
     revision_id: str
     outcome: str = "complete"  # complete | partial | failed | lease_busy
     listed: int = 0
+    recent: int = 0  # listed, but changed too recently to judge (see SweepBounds.settle_s)
     excluded: int = 0
     pages: int = 0
     calls: int = 0
@@ -100,22 +110,25 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
                          "run `nexus-pipelines connectors activate` first")
         return report  # nothing was swept, so nothing is recorded
     source = source_for(registration)
-    listed = _list(source, executor, bounds, report, on_page)
+    deadline = time.monotonic() + bounds.time_budget_s
+    listed = _list(source, executor, bounds, deadline, report, on_page)
     if report.outcome != "failed":
-        candidates = _gaps(conn, registration, listed)
+        horizon = started - bounds.settle(registration)
+        judged = {ref: moment for ref, moment in listed.items() if moment < horizon}
+        report.recent = len(listed) - len(judged)
+        candidates = _gaps(conn, registration, judged)
         report.gaps = candidates[:bounds.max_gaps]
         if len(candidates) > bounds.max_gaps:
             report.outcome = "partial"
             report.detail = f"{len(candidates) - bounds.max_gaps} more gaps are left for the next sweep"
-        _reobserve(conn, registration, source, executor, report,
+        _reobserve(conn, registration, source, executor, report, deadline,
                    lambda: _claim(conn, registry, registration, owner, bounds.lease_wait_s, sleep))
     _record(conn, registration, report, started)
     return report
 
 
-def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, report: SweepReport,
+def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, deadline: float, report: SweepReport,
           on_page: Callable[[SweepReport], None] | None) -> dict[str, datetime]:
-    deadline = time.monotonic() + bounds.time_budget_s
     listed: dict[str, datetime] = {}
     cursor = None
     while True:
@@ -181,10 +194,14 @@ def _gaps(conn: Connection, registration: Registration, listed: dict[str, dateti
 
 
 def _reobserve(conn: Connection, registration: Registration, source: SweepSource, executor: RetryExecutor,
-               report: SweepReport, claim_lease: Callable[[], store.PollClaim | None]) -> None:
+               report: SweepReport, deadline: float, claim_lease: Callable[[], store.PollClaim | None]) -> None:
     """Read each gap in full, then admit the versions under the poll lease, compared again."""
     versions = []
     for gap in report.gaps:
+        if time.monotonic() >= deadline:
+            report.outcome, report.detail = "partial", "the time budget ended while reading gaps; the next sweep " \
+                                                       "reads the rest"
+            break
         result, log = executor.fetch_issue(source, FetchIssue(external_ref=gap.external_ref))
         report.calls += log.attempts
         if isinstance(result, FetchFailure):

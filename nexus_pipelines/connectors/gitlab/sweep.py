@@ -41,7 +41,6 @@ from nexus_pipelines.connectors.provider_http import (
     fetch_failure,
     first_error,
     next_link,
-    send,
 )
 from nexus_pipelines.connectors.scan_cursor import is_keyset_link
 from nexus_pipelines.integrations.http import origin_of
@@ -80,11 +79,11 @@ class GitLabSweep:
             return FetchFailure(retry_class="terminal", reason="contract_violation", detail="not a GitLab sweep cursor")
         path = request.cursor.removeprefix(PREFIX) if request.cursor else self._first_page(request.page_size)
         deadline = Deadline(attempt)
-        response = send(self._c._http, "GET", f"{self._c._origin}{path}", deadline, "list_issues")
+        response = self._c._send("GET", f"{self._c._origin}{path}", deadline, "list_issues")
         if isinstance(response, httpx.Response) and response.status_code == 405 and "pagination=keyset" in path:
             # a GitLab without keyset pages for issues: ask for offset pages (re-anchored below)
             path = httpx.URL(path).copy_remove_param("pagination").raw_path.decode("ascii")
-            response = send(self._c._http, "GET", f"{self._c._origin}{path}", deadline, "list_issues")
+            response = self._c._send("GET", f"{self._c._origin}{path}", deadline, "list_issues")
         if isinstance(response, Problem):
             return fetch_failure(response)
         if response.status_code != 200:
@@ -132,7 +131,7 @@ class GitLabSweep:
             return FetchFailure(retry_class="terminal", reason="unsupported_item",
                                 detail=f"{request.external_ref} is not an issue of GitLab project {self._c._project}")
         url = f"{self._c._prefix}/projects/{self._c._project}/issues/{iid}"
-        response = send(self._c._http, "GET", url, Deadline(attempt), "get_issue")
+        response = self._c._send("GET", url, Deadline(attempt), "get_issue")
         if isinstance(response, Problem):
             return fetch_failure(response)
         if response.status_code == 404:
