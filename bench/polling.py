@@ -223,10 +223,11 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         repoll_calls = timed.calls.get("list", 0) - list_before
         (duplicates,) = conn.execute(
             "SELECT count(*) - count(DISTINCT external_ref) FROM ticket_custody_links").fetchone()
-        ticket_ids = [r[0] for r in conn.execute(
-            "SELECT ticket_id FROM ticket_custody_links ORDER BY ticket_id LIMIT %s", (args.close_backs,))]
     repoll_writes = sum(after.values()) - sum(before.values())
     swept = sweep_run(plant, pool, registration, timed)
+    with pool.connection() as conn:
+        ticket_ids = [r[0] for r in conn.execute(
+            "SELECT ticket_id FROM ticket_custody_links ORDER BY ticket_id LIMIT %s", (args.close_backs,))]
 
     # 3. close-back
     for ticket_id in ticket_ids:
