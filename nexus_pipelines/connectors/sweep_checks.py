@@ -35,7 +35,6 @@ from nexus_pipelines.connectors.core.sweep import SweepBounds, SweepReport, swee
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.connectors.sweeps import sources
 from nexus_pipelines.control.resources import ControlPlaneResource
-from nexus_pipelines.integrations.http import CallCounter
 from nexus_pipelines.redaction import describe_exception
 from nexus_pipelines.tickets.queries import counts_by_registration
 
@@ -97,9 +96,9 @@ def sweep_check(registrations: dict[str, Registration]):
                        description="Reconciliation sweep: provider listing vs custody, gaps re-observed.")
     def check(context: AssetCheckExecutionContext, config: SweepConfig, control_plane: ControlPlaneResource):
         chosen = _chosen(registrations, config, context)
-        counter = CallCounter()
-        composer = CachedComposer(REGISTRY, ComposeContext(counter=counter))
-        owner = f"dagster-sweep:{context.op_execution_context.run_id[:8]}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        composer = CachedComposer(REGISTRY, ComposeContext())
+        run_id = context.op_execution_context.run_id
+        owner = f"dagster-sweep:{run_id[:8]}:{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         bounds = SweepBounds(max_pages=config.max_pages, time_budget_s=config.time_budget_s)
         try:
             with control_plane.connection() as conn:

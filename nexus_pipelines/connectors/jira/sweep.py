@@ -122,8 +122,9 @@ class JiraSweep:
         kind, _, rest = request.external_ref.partition(":")
         cloud, _, issue_id = rest.partition(":")
         if kind != KIND or cloud != self._c._config.cloud_id or not issue_id.isdigit():
+            site = self._c._config.cloud_id
             return FetchFailure(retry_class="terminal", reason="unsupported_item",
-                                detail=f"{request.external_ref} is not an issue of Jira site {self._c._config.cloud_id}")
+                                detail=f"{request.external_ref} is not an issue of Jira site {site}")
         response = send(self._c._http, "GET", f"{self._c._rest}/issue/{issue_id}", Deadline(attempt), "get_issue",
                         params={"fields": FIELDS})
         if isinstance(response, Problem):
