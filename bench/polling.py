@@ -10,13 +10,17 @@ simulator in process (its time is measured at the transport and subtracted):
    then route and drain them into tickets;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
-4. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
-5. the cost of a shift (`shift_rescan_calls`): on offset pages (GitLab without keyset, GitHub
+4. the reconciliation sweep: once over the complete intake (`sweep_calls_per_10k`: its
+   provider calls scaled to 10,000 issues), then after 1% of the tickets were dropped from
+   custody (their custody and observation rows deleted): how many it found, re-observed
+   and restored after a drain, and what it cost;
+5. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
+6. the cost of a shift (`shift_rescan_calls`): on offset pages (GitLab without keyset, GitHub
    `page=` links, Jira page tokens holding an offset), a tie run of 250 and a tail read in
    three consecutive scans, once untouched and once with one issue of the run edited while
    the run is walked: the extra list calls the edit costs (`shift_restart_calls`: the same for
    an issue that appears behind the scan's position; `shift_scan_calls` has the counts);
-6. GitHub only, the rate-budget run: a sync that needs more requests than GitHub's primary
+7. GitHub only, the rate-budget run: a sync that needs more requests than GitHub's primary
    budget allows per window, on the simulator's real clock and the real retry executor;
    the run waits for each reset through the durable poll schedule instead of failing or
    hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
@@ -226,9 +230,11 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         repoll_calls = timed.calls.get("list", 0) - list_before
         (duplicates,) = conn.execute(
             "SELECT count(*) - count(DISTINCT external_ref) FROM ticket_custody_links").fetchone()
+    repoll_writes = sum(after.values()) - sum(before.values())
+    swept = sweep_run(plant, pool, registration, timed)
+    with pool.connection() as conn:
         ticket_ids = [r[0] for r in conn.execute(
             "SELECT ticket_id FROM ticket_custody_links ORDER BY ticket_id LIMIT %s", (args.close_backs,))]
-    repoll_writes = sum(after.values()) - sum(before.values())
 
     # 3. close-back
     for ticket_id in ticket_ids:
@@ -261,11 +267,48 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "close_s": round(close_s, 2),
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
+        "sweep_calls_per_10k": round(swept["complete"]["calls"] * 10_000 / max(args.issues, 1), 1),
+        "sweep": swept,
     }
     result.update(shift_rescan_run(provider))
     if provider == "github":
         result["rate_budget"] = rate_budget_run(admin)
     return result
+
+
+def _sweep_once(plant, registration, timed) -> dict:
+    before = dict(timed.calls)
+    started = time.perf_counter()
+    report = plant.sweep(registration)
+    seconds = time.perf_counter() - started
+    calls = {op: n - before.get(op, 0) for op, n in timed.calls.items() if n - before.get(op, 0)}
+    return {"outcome": report.outcome, "listed": report.listed, "gaps": len(report.gaps),
+            "reobserved": len(report.reobserved), "calls": sum(v for k, v in calls.items() if k != "token"),
+            "calls_by_operation": calls, "sweep_s": round(seconds, 2), "refs": [g.external_ref for g in report.gaps]}
+
+
+def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
+    """A sweep of the complete intake, then one after every `drop_every`-th ticket lost its
+    custody and observations (the append-only triggers are bypassed, as only a restore from
+    an old backup could), then the drain that restores them."""
+    complete = _sweep_once(plant, registration, timed)
+    with pool.connection() as conn, conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        dropped = [r[0] for r in conn.execute(
+            """DELETE FROM ticket_custody_links WHERE (tenant, registration_key) = (%s, %s) AND ticket_id %% %s = 0
+               RETURNING external_ref""", (registration.tenant, registration.key, drop_every)).fetchall()]
+        conn.execute("DELETE FROM ticket_observations WHERE external_ref = ANY(%s)", (dropped,))
+    lossy = _sweep_once(plant, registration, timed)
+    plant.route()
+    plant.drain([registration.registration_id])
+    with pool.connection() as conn:
+        (restored,) = conn.execute(
+            """SELECT count(*) FROM ticket_custody_links WHERE (tenant, registration_key) = (%s, %s)
+                  AND external_ref = ANY(%s)""", (registration.tenant, registration.key, dropped)).fetchone()
+    found = set(lossy.pop("refs")) & set(dropped)
+    complete.pop("refs")
+    return {"complete": complete, "dropped": len(dropped), "found": len(found), "reobserved": lossy["reobserved"],
+            "restored": restored, "calls": lossy["calls"], "lossy": lossy}
 
 
 def _offset_world(provider: str):

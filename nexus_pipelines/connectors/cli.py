@@ -171,3 +171,39 @@ def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> Non
                "receipts (run `nexus-pipelines queue drain` to apply them)")
     if any(tick.failure_class == "terminal" for tick in report.ticks):
         raise SystemExit(1)
+
+
+@connectors.command("sweep")
+@click.option("--key", "keys", multiple=True, help="Registration key or tenant/key (repeatable); every one when unset.")
+@click.option("--max-pages", default=2000, type=click.IntRange(1), help="At most this many listing pages each.")
+@click.option("--time-budget", "time_budget_s", default=1800.0, type=click.FloatRange(0, min_open=True))
+def sweep_cmd(keys: tuple[str, ...], max_pages: int, time_budget_s: float) -> None:
+    """Reconcile: list the provider's issues, compare them with custody, re-observe every gap."""
+    from nexus_pipelines.bindings import build_route_table
+    from nexus_pipelines.cli_common import operator as owner
+    from nexus_pipelines.connectors.core.compose import CachedComposer, CompositionError
+    from nexus_pipelines.connectors.core.executor import RetryExecutor
+    from nexus_pipelines.connectors.core.sweep import SweepBounds, sweep
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.connectors.sweeps import sources
+    from nexus_pipelines.workqueue.receipts import route_receipts
+
+    composer = CachedComposer(REGISTRY)
+    failed = False
+    try:
+        with control_connection() as conn:
+            for registration in _select(keys):
+                try:
+                    report = sweep(conn, REGISTRY, registration, sources(composer), owner=owner(),
+                                   executor=RetryExecutor(),
+                                   bounds=SweepBounds(max_pages=max_pages, time_budget_s=time_budget_s))
+                except CompositionError as exc:
+                    raise UserError(str(exc)) from None
+                failed |= report.outcome in ("failed", "lease_busy")
+                click.echo(report.line())
+            while route_receipts(conn, build_route_table(), owner=owner(), limit=500).claimed:
+                pass  # the re-observed gaps reach their work items (`nexus-pipelines queue drain` applies them)
+    finally:
+        composer.close()
+    if failed:
+        raise SystemExit(1)

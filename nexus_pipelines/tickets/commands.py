@@ -221,7 +221,7 @@ def _write_triage(conn: Connection, ticket: _Ticket, seq: int, principal: Princi
     conn.execute(
         """INSERT INTO attention_resolutions (finding_id, command_seq, disposition)
            SELECT f.finding_id, %s, %s FROM attention_findings f
-            WHERE f.ticket_id = %s AND f.kind = 'connector_triage_required'
+            WHERE f.ticket_id = %s AND f.kind IN ('connector_triage_required', 'connector_sweep_gap')
               AND NOT EXISTS (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)""",
         (seq, disposition, ticket.ticket_id))
 

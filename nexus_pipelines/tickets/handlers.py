@@ -33,7 +33,8 @@ from nexus_pipelines.connectors.core.values import (
     ExternalIssue,
     source_version_digest,
 )
-from nexus_pipelines.tickets.intake import CustodyKey, apply_observation
+from nexus_pipelines.connectors.core.sweep import SWEPT_MARK
+from nexus_pipelines.tickets.intake import CustodyKey, apply_observation, open_sweep_gap_finding
 from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
 from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence
 from nexus_pipelines.workqueue.handlers import Deferred, Handler, PermanentError, RetryLater
@@ -94,6 +95,8 @@ class TicketHandlers:
                 conn, CustodyKey(tenant, key, issue.external_ref), project=body["project"], issue=issue,
                 digest=body["digest"], labels=list(body["labels"]), work_id=item.work_id, work_token=item.token,
             )
+            if body.get(SWEPT_MARK):
+                open_sweep_gap_finding(conn, result.ticket_id, tenant=tenant, project=body["project"])
         return result.outcome
 
     # -- issue.close ------------------------------------------------------------------

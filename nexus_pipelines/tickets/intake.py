@@ -136,3 +136,19 @@ def _observe(conn: Connection, ticket_id: int, issue: ExternalIssue, digest: str
         (ticket_id, issue.external_ref, digest, issue.external_updated_at, Jsonb(issue.model_dump(mode="json")),
          work_id, work_token),
     ).rowcount == 1
+
+
+SWEEP_GAP_FINDING = "connector_sweep_gap"
+
+
+def open_sweep_gap_finding(conn: Connection, ticket_id: int, *, tenant: str, project: str) -> None:
+    """The ticket's version was found by a reconciliation sweep, not by the incremental scans:
+    its commander sees it on the Attention page until the ticket is triaged, which resolves it
+    (so only an open, untriaged ticket gets one; the sweep's own record keeps every gap)."""
+    conn.execute(
+        """INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
+           SELECT %s, 'commander', %s, %s, ticket_id, 'system:sweep' FROM tickets
+            WHERE ticket_id = %s AND triage_state = 'UNTRIAGED' AND status = 'open'
+           ON CONFLICT (ticket_id, kind) DO NOTHING""",
+        (SWEEP_GAP_FINDING, tenant, project, ticket_id),
+    )

@@ -24,6 +24,15 @@ from pydantic import ValidationError
 
 from nexus_pipelines.backoff import capped_exponential
 from nexus_pipelines.connectors.core.protocol import IssueConnector
+from nexus_pipelines.connectors.core.sweep_values import (
+    FetchedIssue,
+    FetchIssue,
+    FetchIssueResult,
+    IdentityPage,
+    ListIdentities,
+    ListIdentitiesResult,
+    SweepSource,
+)
 from nexus_pipelines.connectors.core.values import (
     DEADLINE_MS,
     MAX_ATTEMPTS,
@@ -127,6 +136,35 @@ class RetryExecutor:
 
         return self._run(invoke, check, broken)
 
+    def list_identities(self, source: SweepSource, request: ListIdentities) -> tuple[ListIdentitiesResult, InvocationLog]:
+        """One page of a reconciliation sweep's listing, under the same bounds as a poll's page."""
+        def check(result: object) -> ListIdentitiesResult:
+            if isinstance(result, FetchFailure):
+                return result
+            if not isinstance(result, IdentityPage):
+                raise _Broken(f"list_identities returned {type(result).__name__}, not a page or a fetch failure")
+            if len(result.identities) > request.page_size:
+                raise _Broken(f"list_identities returned {len(result.identities)} issues for a page of "
+                              f"{request.page_size}")
+            if result.next_cursor is not None and result.next_cursor == request.cursor:
+                raise _Broken("list_identities returned a page without advancing the cursor")
+            return result
+
+        return self._run(lambda attempt: source.list_identities(request, attempt), check, _broken_fetch)
+
+    def fetch_issue(self, source: SweepSource, request: FetchIssue) -> tuple[FetchIssueResult, InvocationLog]:
+        """One issue read in full for a sweep's gap."""
+        def check(result: object) -> FetchIssueResult:
+            if isinstance(result, FetchFailure):
+                return result
+            if not isinstance(result, FetchedIssue):
+                raise _Broken(f"fetch_issue returned {type(result).__name__}, not an issue or a fetch failure")
+            if result.issue is not None and result.issue.external_ref != request.external_ref:
+                raise _Broken("fetch_issue returned another issue than the one asked for")
+            return result
+
+        return self._run(lambda attempt: source.fetch_issue(request, attempt), check, _broken_fetch)
+
     def _run(self, invoke: Callable[[ConnectorAttempt], object], check: Callable[[object], R],
              broken: Callable[[str], R]) -> tuple[R, InvocationLog]:
         log = InvocationLog()
@@ -167,6 +205,10 @@ class RetryExecutor:
         unit = min(max(float(self._jitter()), 0.0), 1.0)
         delay = base + unit * JITTER_FRACTION * base
         return max(delay, retry_after or 0.0)
+
+
+def _broken_fetch(detail: str) -> FetchFailure:
+    return FetchFailure(retry_class="terminal", reason="contract_violation", detail=one_line(detail, 300))
 
 
 class _Broken(Exception):

@@ -234,15 +234,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     with conn.transaction():
         _hold(conn, claim)
         by_delivery = {_delivery_id(v): v.external_ref for v in versions}
-        admitted = admit_receipts(conn, [
-            ReceiptIn(
-                registration_id=r.registration_id, revision=claim.revision_no, namespace=POLL_NAMESPACE,
-                delivery_id=_delivery_id(v),
-                route_key=OBSERVE_ROUTE_KEY, received_at=v.updated_at, event_kind="issue_version",
-                correlation={"external_ref": v.external_ref, "revision_id": r.revision_id}, body=v.body,
-            )
-            for v in versions
-        ])
+        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, _delivery_id(v)) for v in versions])
         conn.execute(
             """UPDATE connector_progress
                   SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
@@ -257,6 +249,15 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
              "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
         )
     return [by_delivery[d] for d in admitted]
+
+
+def _receipt(claim: PollClaim, version: IssueVersion, namespace: str, delivery_id: str) -> ReceiptIn:
+    r = claim.registration
+    return ReceiptIn(
+        registration_id=r.registration_id, revision=claim.revision_no, namespace=namespace, delivery_id=delivery_id,
+        route_key=OBSERVE_ROUTE_KEY, received_at=version.updated_at, event_kind="issue_version",
+        correlation={"external_ref": version.external_ref, "revision_id": r.revision_id}, body=version.body,
+    )
 
 
 def _delivery_id(version: IssueVersion) -> str:
@@ -392,3 +393,42 @@ def request_poll(conn: Connection, registration_ids: Sequence[str] | None = None
         (list(registration_ids),) if registration_ids else (),
     ).fetchall()
     return [PollRequest(*row) for row in rows]
+
+
+# -- a claim taken on demand (the reconciliation sweep) -------------------------------
+
+_CLAIM_NOW = """
+UPDATE connector_progress p
+   SET lease_owner = %(owner)s, lease_token = nextval('fencing_tokens'), lease_until = now() + %(ttl)s,
+       updated_at = now()
+  FROM connector_registrations r
+ WHERE (r.tenant, r.registration_key, r.revision_id) = (p.tenant, p.registration_key, p.revision_id)
+   AND r.status = 'active' AND p.tenant = %(tenant)s AND p.registration_key = %(key)s
+   AND (p.lease_until IS NULL OR p.lease_until <= now())
+RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count
+"""
+
+
+def claim_now(conn: Connection, registry: ConnectorRegistry, registration_id: str, *, owner: str,
+              ttl: timedelta) -> PollClaim | None:
+    """Take the poll lease of a registration's active revision whether or not a poll is due;
+    None while a poll holds it (or no revision is active). Its schedule and cursor stay as
+    they are: give it back with `release`."""
+    tenant, _, key = registration_id.partition("/")
+    row = conn.execute(_CLAIM_NOW, {"owner": owner, "ttl": ttl, "tenant": tenant, "key": key}).fetchone()
+    if row is None:
+        return None
+    stored = _stored(row[:4], registry)
+    return PollClaim(stored.registration, stored.revision_no, owner, row[4], row[5], row[6], row[7])
+
+
+def admit_versions(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *,
+                   namespace: str) -> list[str]:
+    """Admit one receipt per issue version under the claim's fence, in the caller's transaction,
+    without touching the cursor; returns the refs whose receipt was new. Raises PollLeaseLost."""
+    _hold(conn, claim)
+    # its own delivery ids: a version whose poll receipt exists but whose observation was lost is admitted again
+    pairs = [(f"{namespace}:{_delivery_id(v)}", v) for v in versions]
+    admitted = admit_receipts(conn, [_receipt(claim, v, namespace, d) for d, v in pairs])
+    by_delivery = {d: v.external_ref for d, v in pairs}
+    return [by_delivery[d] for d in admitted]

@@ -120,7 +120,7 @@ def run_tick(
     problem = _check_page(result, registration)
     if problem:
         return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng)
-    versions = [_version(issue, registration) for issue in result.issues]
+    versions = [issue_version(issue, registration) for issue in result.issues]
     started = time.perf_counter()
     try:
         report.admitted_refs = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor,
@@ -135,7 +135,7 @@ def run_tick(
     return report
 
 
-def _version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
+def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
     """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
     labels, the revision and ticket project it was polled for)."""
     digest = source_version_digest(issue)

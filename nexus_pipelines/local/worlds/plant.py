@@ -19,8 +19,10 @@ from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import PollRunReport, poll
+from nexus_pipelines.connectors.core.sweep import SweepReport, sweep
 from nexus_pipelines.connectors.provider_gate import ProviderGates
 from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.connectors.sweeps import sources
 from nexus_pipelines.tickets.commands import set_connector_ticket_priority, triage_connector_ticket
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
 from nexus_pipelines.tickets.proofs import record_proof
@@ -102,6 +104,12 @@ class Plant:
     def drain(self, registration_ids: Sequence[str] | None = None) -> DrainReport:
         return drain(self.pool, self.registry(), registration_ids=list(registration_ids) if registration_ids else None,
                      retry_policy=NO_WAIT, time_budget_s=60, concurrency=2)
+
+    def sweep(self, registration: Registration, **kwargs) -> SweepReport:
+        """One reconciliation sweep of the registration, as the sweep job runs it."""
+        with self.pool.connection() as conn:
+            return sweep(conn, REGISTRY, registration, sources(self.composer), owner="test-sweeper",
+                         executor=executor(), **kwargs)
 
     def sync(self, registrations: Sequence[Registration] | None = None) -> PollRunReport:
         """Poll until idle, route, drain: what the sensors make happen."""

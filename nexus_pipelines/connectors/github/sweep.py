@@ -1,0 +1,142 @@
+"""The GitHub side of the reconciliation sweep, over a composed `GitHubConnector` (its App
+token, rate gate, client and strict mapping; this module is part of the GitHub package and
+reads its internals).
+
+Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=created&direction=asc&per_page=100`
+(creation order never changes, so a position never moves under the walk), then the
+`Link rel="next"` URLs exactly as given, inside the configured API. Every item with a
+`pull_request` key is a pull request: counted as excluded, never listed. Reading a gap:
+`GET /repos/{owner}/{repo}/issues/{number}`, mapped exactly as a poll maps it; 404 and 410
+mean the issue is gone (deleted or transferred), a pull request is excluded.
+
+Cursor: `ghs1;<path?query of the next page>`.
+"""
+
+from __future__ import annotations
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from nexus_pipelines.connectors.core.sweep_values import (
+    FetchedIssue,
+    FetchIssue,
+    FetchIssueResult,
+    IdentityPage,
+    IssueIdentity,
+    ListIdentities,
+    ListIdentitiesResult,
+)
+from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure
+from nexus_pipelines.connectors.github.adapter import KIND, GitHubConnector, _Issue, _Item
+from nexus_pipelines.connectors.provider_http import (
+    Deadline,
+    Problem,
+    body_is_truncated,
+    fetch_failure,
+    first_error,
+    next_link,
+)
+from nexus_pipelines.integrations.http import origin_of
+
+PREFIX = "ghs1;"
+_ITEMS = TypeAdapter(list[dict])
+_ONE = TypeAdapter(dict)
+
+
+def _invalid(detail: str) -> FetchFailure:
+    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
+
+
+def _unreadable(exc: ValidationError, what: str) -> FetchFailure:
+    if body_is_truncated(exc):
+        return FetchFailure(retry_class="retryable", reason="transport_protocol",
+                            detail=f"{what}: the response body is not complete JSON")
+    return _invalid(f"{what}: {first_error(exc)}")
+
+
+class GitHubSweep:
+    def __init__(self, connector: GitHubConnector) -> None:
+        self._c = connector
+
+    def _repo(self, deadline: Deadline) -> str | Problem:
+        """The repository's URL under the name GitHub reported when the token was minted."""
+        if not self._c._token.fresh():
+            problem = self._c.mint(deadline)
+            if problem is not None:
+                return problem
+        return self._c._repo_path()
+
+    def list_identities(self, request: ListIdentities, attempt: ConnectorAttempt) -> ListIdentitiesResult:
+        if request.cursor is not None and not request.cursor.startswith(PREFIX + "/"):
+            return FetchFailure(retry_class="terminal", reason="contract_violation", detail="not a GitHub sweep cursor")
+        deadline = Deadline(attempt)
+        if request.cursor is not None:
+            url, params = f"{self._c._origin}{request.cursor.removeprefix(PREFIX)}", None
+        else:
+            repo = self._repo(deadline)
+            if isinstance(repo, Problem):
+                return fetch_failure(repo)
+            url = f"{repo}/issues"
+            params = {"state": "all", "sort": "created", "direction": "asc", "per_page": request.page_size}
+        response = self._c.send("GET", url, deadline, "list_issues", params=params)
+        if isinstance(response, Problem):
+            return fetch_failure(response)
+        if response.status_code != 200:
+            return fetch_failure(self._c.classify(response, "listing issues for the sweep"))
+        try:
+            raw = _ITEMS.validate_json(response.content)
+            items = [(_Item.model_validate(d), "pull_request" in d) for d in raw]
+        except ValidationError as exc:
+            return _unreadable(exc, "listing issues for the sweep")
+        repository = self._c._config.repository_id
+        identities = tuple(IssueIdentity(external_ref=f"{KIND}:{repository}:{item.number}",
+                                         external_updated_at=item.updated_at) for item, pull in items if not pull)
+        token = None
+        link = next_link(response)
+        if link is not None:
+            try:
+                parsed = httpx.URL(link)
+            except httpx.InvalidURL:
+                return _invalid("the next-page link is not a URL")
+            if origin_of(parsed) != self._c._origin or not parsed.path.startswith(f"{self._c._prefix}/"):
+                return _invalid("the next-page link points outside the configured API")
+            token = PREFIX + parsed.raw_path.decode("ascii")
+            if len(token) > CURSOR_MAX_CHARS:
+                return _invalid("the next-page link is too long for a cursor token")
+        return IdentityPage(identities=identities, next_cursor=token, excluded=len(items) - len(identities))
+
+    def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
+        kind, _, rest = request.external_ref.partition(":")
+        repository, _, number = rest.partition(":")
+        if kind != KIND or repository != str(self._c._config.repository_id) or not number.isdigit():
+            return FetchFailure(retry_class="terminal", reason="unsupported_item",
+                                detail=f"{request.external_ref} is not an issue of GitHub repository "
+                                       f"{self._c._config.repository_id}")
+        deadline = Deadline(attempt)
+        repo = self._repo(deadline)
+        if isinstance(repo, Problem):
+            return fetch_failure(repo)
+        response = self._c.send("GET", f"{repo}/issues/{number}", deadline, "get_issue")
+        if isinstance(response, Problem):
+            return fetch_failure(response)
+        if response.status_code in (404, 410):
+            return FetchedIssue(issue=None)
+        if response.status_code != 200:
+            return fetch_failure(self._c.classify(response, f"reading issue {number} for the sweep"))
+        try:
+            data = _ONE.validate_json(response.content)
+            item = _Issue.model_validate(data)
+        except ValidationError as exc:
+            return _unreadable(exc, f"reading issue {number}")
+        if str(item.number) != number:
+            return _invalid(f"reading issue {number}: GitHub answered with issue {item.number}")
+        if "pull_request" in data:
+            return FetchedIssue(issue=None, excluded=True)
+        try:
+            return FetchedIssue(issue=self._c._map(item))
+        except ValidationError as exc:
+            return _invalid(f"issue {number}: {first_error(exc)}")
+
+
+def sweep_source(connector: GitHubConnector) -> GitHubSweep:
+    return GitHubSweep(connector)
