@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import uuid
+from dataclasses import replace
 
 import pytest
 
@@ -325,14 +326,24 @@ def test_projection_rebuild_restores_board_detail_and_attention(plant, pool):
         scope = memberships(conn, commander)
 
         def views():
-            return (board.project_counts(conn, scope), board.board_lanes(conn, scope),
-                    board.attention_items(conn, scope)[0].ticket_id, [ticket_detail(conn, t)["triage_state"]
-                                                                      for t in ids])
+            return (*_ageless(board.project_counts(conn, scope), board.board_lanes(conn, scope),
+                              board.attention_items(conn, scope)),
+                    [ticket_detail(conn, t)["triage_state"] for t in ids])
 
         before = views()
-        assert before[0][0].untriaged == 1 and before[0][0].cancelled == 2 and before[2] == ids[3]
+        assert before[0][0].untriaged == 1 and before[0][0].cancelled == 2
+        assert [item.ticket_id for item in before[2]] == [ids[3]]
         conn.execute("UPDATE tickets SET triage_state = 'UNTRIAGED', priority = 'P4', status = 'open'"
                      " WHERE ticket_id = ANY(%s)", (ids,))  # a lost projection
         assert views() != before
-        assert projection.rebuild(conn) >= 3
+        assert projection.rebuild(conn) >= len(ids)  # other tickets of the module's database are other tests'
         assert views() == before and projection.rebuild(conn) == 0
+
+
+def _ageless(counts, lanes, attention):
+    """The Board's and Attention's views without their ages: an age is the database clock's reading at the query
+    (rounded to the second), so two reads of unchanged rows differ once a rounding boundary falls between them."""
+    return ([replace(c, oldest_finding_age_s=None) for c in counts],
+            {state: replace(lane, cards=[replace(card, age_s=None) for card in lane.cards])
+             for state, lane in lanes.items()},
+            [replace(item, age_s=None) for item in attention])
