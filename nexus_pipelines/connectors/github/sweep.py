@@ -26,14 +26,13 @@ from nexus_pipelines.connectors.core.sweep_values import (
     ListIdentities,
     ListIdentitiesResult,
 )
-from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure
+from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure, first_error
 from nexus_pipelines.connectors.github.adapter import KIND, GitHubConnector, _Issue, _Item
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
     body_is_truncated,
     fetch_failure,
-    first_error,
     next_link,
 )
 from nexus_pipelines.integrations.http import origin_of

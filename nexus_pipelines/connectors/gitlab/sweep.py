@@ -31,7 +31,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     ListIdentities,
     ListIdentitiesResult,
 )
-from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure
+from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure, first_error
 from nexus_pipelines.connectors.gitlab.adapter import _ONE_ISSUE, KIND, GitLabConnector, _status_problem
 from nexus_pipelines.connectors.gitlab.cursor import format_time
 from nexus_pipelines.connectors.provider_http import (
@@ -39,7 +39,6 @@ from nexus_pipelines.connectors.provider_http import (
     Problem,
     body_is_truncated,
     fetch_failure,
-    first_error,
     next_link,
 )
 from nexus_pipelines.connectors.scan_cursor import is_keyset_link

@@ -27,7 +27,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     ListIdentities,
     ListIdentitiesResult,
 )
-from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure
+from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure, first_error
 from nexus_pipelines.connectors.jira.adapter import FIELDS, KIND, JiraConnector
 from nexus_pipelines.connectors.jira.limits import status_problem
 from nexus_pipelines.connectors.jira.payloads import Issue
@@ -36,7 +36,6 @@ from nexus_pipelines.connectors.provider_http import (
     Problem,
     body_is_truncated,
     fetch_failure,
-    first_error,
     send,
 )
 
