@@ -17,8 +17,9 @@ import pytest
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.sweep import SweepBounds
 from nexus_pipelines.connectors.registry import REGISTRY
-from tests.connectors.support import Plant, tickets_by_ref
-from tests.tickets.support import accept
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import tickets_by_ref
+from nexus_pipelines.local.worlds.plant import accept
 
 
 @pytest.fixture
@@ -108,7 +109,7 @@ def test_a_sweep_reobserves_a_newer_version_whose_observation_was_lost(plant, po
     _lose_latest_observation(pool, ref)
 
     report = plant.sweep(registration, bounds=JUDGE_ALL)
-    assert [(g.external_ref, g.reason) for g in report.gaps] == [(ref, "stale")] and report.reobserved == [ref]
+    assert [(g.external_ref, g.reason) for g in report.gaps] == [(ref, "stale")] and report.reobserved == [ref], report
     plant.route()
     plant.drain([registration.registration_id])
     with pool.connection() as conn:

@@ -11,14 +11,14 @@ from dagster import AssetCheckKey, AssetCheckSeverity, DagsterInstance, DefaultS
 
 from nexus_pipelines.cli import main
 from nexus_pipelines.connectors.core import activation
-from nexus_pipelines.connectors.definitions import build_connector_defs
-from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.connectors.registry import REGISTRY, load_registrations
 from nexus_pipelines.tickets.assets import tickets_asset_key
+from nexus_pipelines.tickets.definitions import build_ticket_defs
 from nexus_pipelines.tickets.sweep_checks import SWEEP_CHECK, SWEEP_JOB, SWEEP_SCHEDULE
 from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.tickets.handlers import route_versions
 from tests.connectors.served import serve_gitlab
-from tests.tokens import gitlab_token
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 TOKEN = gitlab_token("sweep-wiring-0123456789abcdef")
 
@@ -62,7 +62,7 @@ def test_the_sweep_job_of_the_definitions_warns_on_a_gap_and_observes_the_ticket
     other = (served.folder / f"{served.registration.key}.yaml").read_text().replace(served.registration.key, "other")
     (served.folder / "other.yaml").write_text(other)  # a second registration the launched run does not sweep
     defs = Definitions.merge(Definitions(resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}),
-                             build_connector_defs())
+                             build_ticket_defs(load_registrations(served.folder)))
     rid = served.registration.registration_id
     schedule = defs.get_schedule_def(SWEEP_SCHEDULE)
     assert schedule.default_status == DefaultScheduleStatus.STOPPED and schedule.job_name == SWEEP_JOB

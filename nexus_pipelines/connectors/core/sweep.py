@@ -111,10 +111,11 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
         return report  # nothing was swept, so nothing is recorded
     source = source_for(registration)
     deadline = time.monotonic() + bounds.time_budget_s
-    listed = _list(source, executor, bounds, deadline, report, on_page)
+    listed, provider_started = _list(source, executor, bounds, deadline, report, on_page)
     if report.outcome != "failed":
-        horizon = started - bounds.settle(registration)
-        judged = {ref: moment for ref, moment in listed.items() if moment < horizon}
+        settle = bounds.settle(registration)
+        horizon = (provider_started or started) - settle
+        judged = {ref: moment for ref, moment in listed.items() if not settle or moment < horizon}
         report.recent = len(listed) - len(judged)
         candidates = _gaps(conn, registration, judged)
         report.gaps = candidates[:bounds.max_gaps]
@@ -128,23 +129,26 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
 
 
 def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, deadline: float, report: SweepReport,
-          on_page: Callable[[SweepReport], None] | None) -> dict[str, datetime]:
+          on_page: Callable[[SweepReport], None] | None) -> tuple[dict[str, datetime], datetime | None]:
+    """The listed issues' newest update times, and the provider's clock at the first page."""
     listed: dict[str, datetime] = {}
+    provider_started: datetime | None = None
     cursor = None
     while True:
         if report.pages >= bounds.max_pages or time.monotonic() >= deadline:
             report.outcome = "partial"
             report.detail = (f"stopped after {report.pages} pages (the sweep's page bound)" if report.pages >=
                              bounds.max_pages else f"stopped after {bounds.time_budget_s:.0f}s (the time budget)")
-            return listed
+            return listed, provider_started
         result, log = executor.list_identities(source, ListIdentities(cursor=cursor, page_size=MAX_IDENTITY_PAGE))
         report.calls += log.attempts
         if isinstance(result, FetchFailure):
             report.outcome = "failed"
             report.detail = one_line(f"listing: {result.reason}: {result.detail}", 300)
-            return listed
+            return listed, provider_started
         assert isinstance(result, IdentityPage)
         report.pages += 1
+        provider_started = provider_started or result.served_at
         report.excluded += result.excluded
         for identity in result.identities:
             # an issue listed twice (its position moved under the walk) counts once, at its newest time
@@ -155,7 +159,7 @@ def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, dea
         if on_page is not None:
             on_page(report)
         if result.next_cursor is None:
-            return listed
+            return listed, provider_started
         cursor = result.next_cursor
 
 

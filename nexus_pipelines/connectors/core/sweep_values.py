@@ -52,6 +52,9 @@ class IdentityPage(BaseModel):
     identities: Annotated[tuple[IssueIdentity, ...], Field(max_length=MAX_IDENTITY_PAGE)]
     next_cursor: CursorToken | None
     excluded: Annotated[int, Field(ge=0)] = 0
+    # the provider's clock when it answered (its Date): recent changes are judged on the
+    # provider's clock, never the control plane's, which may be skewed from it
+    served_at: AwareDatetime | None = None
 
 
 class FetchIssue(BaseModel):

@@ -34,6 +34,7 @@ from nexus_pipelines.connectors.provider_http import (
     body_is_truncated,
     fetch_failure,
     next_link,
+    served_at,
 )
 from nexus_pipelines.integrations.http import origin_of
 
@@ -102,7 +103,8 @@ class GitHubSweep:
             token = PREFIX + parsed.raw_path.decode("ascii")
             if len(token) > CURSOR_MAX_CHARS:
                 return _invalid("the next-page link is too long for a cursor token")
-        return IdentityPage(identities=identities, next_cursor=token, excluded=len(items) - len(identities))
+        return IdentityPage(identities=identities, next_cursor=token, excluded=len(items) - len(identities),
+                            served_at=served_at(response))
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
         kind, _, rest = request.external_ref.partition(":")

@@ -40,6 +40,7 @@ from nexus_pipelines.connectors.provider_http import (
     body_is_truncated,
     fetch_failure,
     next_link,
+    served_at,
 )
 from nexus_pipelines.connectors.scan_cursor import is_keyset_link
 from nexus_pipelines.integrations.http import origin_of
@@ -121,7 +122,8 @@ class GitLabSweep:
         token = PREFIX + following if following else None
         if token is not None and len(token) > CURSOR_MAX_CHARS:
             return _invalid("the next-page link is too long for a cursor token")
-        return IdentityPage(identities=tuple(identities), next_cursor=token, excluded=excluded)
+        return IdentityPage(identities=tuple(identities), next_cursor=token, excluded=excluded,
+                            served_at=served_at(response))
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
         kind, _, rest = request.external_ref.partition(":")

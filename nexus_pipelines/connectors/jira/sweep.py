@@ -4,8 +4,8 @@ token and strict mapping; this module is part of the Jira package and reads its 
 Listing: the enhanced search `GET /rest/api/3/search/jql` with
 `jql=project = <id> ORDER BY id ASC` (no time bound, so neither the account's time zone nor
 an edit moves an issue in it), `fields=updated,issuetype` only, `maxResults=100`, then
-Jira's `nextPageToken`. Sub-tasks (`issuetype.subtask`) and the configured excluded work
-types are counted, never listed. Reading a gap: `GET /rest/api/3/issue/{id}` with the
+Jira's `nextPageToken`. Sub-tasks (the issue's own `issuetype.subtask` or `hierarchyLevel`
+-1, as a poll judges them) are counted, never listed. Reading a gap: `GET /rest/api/3/issue/{id}` with the
 poll's fields, mapped exactly as a poll maps it; 404, or an issue now in another project,
 means it is gone from this registration.
 
@@ -30,13 +30,14 @@ from nexus_pipelines.connectors.core.sweep_values import (
 from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure, first_error
 from nexus_pipelines.connectors.jira.adapter import FIELDS, KIND, JiraConnector
 from nexus_pipelines.connectors.jira.limits import status_problem
-from nexus_pipelines.connectors.jira.payloads import Issue
+from nexus_pipelines.connectors.jira.payloads import Issue, IssueType
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
     body_is_truncated,
     fetch_failure,
     send,
+    served_at,
 )
 
 PREFIX = "jis1;"
@@ -45,16 +46,10 @@ _TOKEN = re.compile(r"^[\x21-\x7e]+$")
 _RAW = ConfigDict(extra="ignore", frozen=True, strict=True)
 
 
-class _Type(BaseModel):
-    model_config = _RAW
-    id: str = Field(pattern=r"^[0-9]{1,18}$")
-    subtask: bool = False
-
-
 class _ListedFields(BaseModel):
     model_config = _RAW
     updated: AwareDatetime
-    issuetype: _Type
+    issuetype: IssueType
 
 
 class _Listed(BaseModel):
@@ -85,8 +80,6 @@ class JiraSweep:
     def __init__(self, connector: JiraConnector) -> None:
         self._c = connector
 
-    def _excluded(self, type_id: str, subtask: bool) -> bool:
-        return subtask or type_id in self._c._excluded
 
     def list_identities(self, request: ListIdentities, attempt: ConnectorAttempt) -> ListIdentitiesResult:
         if request.cursor is not None and not request.cursor.startswith(PREFIX):
@@ -113,8 +106,9 @@ class JiraSweep:
                             f"{CURSOR_MAX_CHARS - len(PREFIX)} characters")
         cloud = self._c._config.cloud_id
         identities = tuple(IssueIdentity(external_ref=f"{KIND}:{cloud}:{i.id}", external_updated_at=i.fields.updated)
-                           for i in raw.issues if not self._excluded(i.fields.issuetype.id, i.fields.issuetype.subtask))
+                           for i in raw.issues if not i.fields.issuetype.is_subtask)
         return IdentityPage(identities=identities, next_cursor=PREFIX + token if token else None,
+                            served_at=served_at(response),
                             excluded=len(raw.issues) - len(identities))
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
@@ -141,7 +135,7 @@ class JiraSweep:
             return _invalid(f"reading issue {issue_id}: Jira answered with issue {item.id}")
         if item.fields.project.id != str(self._c._config.project_id):
             return FetchedIssue(issue=None)  # moved to another project: not this registration's any more
-        if self._excluded(listed.fields.issuetype.id, listed.fields.issuetype.subtask):
+        if listed.fields.issuetype.is_subtask:
             return FetchedIssue(issue=None, excluded=True)
         try:
             return FetchedIssue(issue=self._c._map(item))

@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.connectors.github.harness import REPOSITORY_ID, GitHubWorld
+from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 from tests.connectors.sweep_suite import *  # noqa: F403 - the shared sweep rows run here for GitHub
 
 _REPOSITORIES = itertools.count(REPOSITORY_ID)

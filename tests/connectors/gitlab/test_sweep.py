@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.connectors.gitlab.harness import PROJECT_ID, GitLabWorld
+from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
 from tests.connectors.sweep_suite import *  # noqa: F403 - the shared sweep rows run here for GitLab
 
 _PROJECTS = itertools.count(PROJECT_ID)

@@ -5,8 +5,9 @@ last `created_at` instead, and the sweep still finds a gap there."""
 
 import httpx
 
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import Plant, tickets_by_ref
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant
+from tests.connectors.support import tickets_by_ref
 from tests.connectors.sweep_suite import JUDGE_ALL
 
 

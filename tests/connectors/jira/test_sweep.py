@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 
-from tests.connectors.jira.harness import PROJECT_ID, JiraWorld
+from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
 from tests.connectors.sweep_suite import *  # noqa: F403 - the shared sweep rows run here for Jira
 
 _PROJECTS = itertools.count(PROJECT_ID)
