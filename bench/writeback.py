@@ -13,6 +13,13 @@ run in their own processes, as BigQuery, NexusCRM and the control plane would. T
 validation pass is reported per row as wall time, as CPU time of the thread that maps
 and hashes, and as CPU time of the whole process (the page reads on the prefetch thread
 included); the load average at the start and the end says how busy the machine was.
+
+The first run's control-plane cost is reported per batch commit (the run's totals over
+its batches, so the few writes outside the batches count too): WAL bytes (from
+pg_current_wal_lsn() around the run), WAL records and full-page images (pg_stat_wal),
+WAL writes and fsyncs (pg_stat_io) and committed transactions of the bench's database
+(pg_stat_database). They cover the whole server, so with NEXUS_PG_DSN another client's
+writes count too; `pg_data_dir` says where the bench put its database.
 """
 
 from __future__ import annotations
@@ -59,6 +66,34 @@ def _pct(values: list[float], q: float) -> float:
         return 0.0
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(math.ceil(q * len(ordered))) - 1)]
+
+
+_WAL_COUNTERS = """
+SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_fpi,
+       (SELECT coalesce(sum(writes), 0) FROM pg_stat_io WHERE object = 'wal'),
+       (SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'),
+       (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
+  FROM pg_stat_wal w
+"""
+_WAL_KEYS = ("wal_bytes", "wal_records", "wal_fpi", "wal_writes", "wal_fsyncs", "commits")
+
+
+def _wal_counters(dsn: str) -> dict:
+    """Server-wide WAL counters; a fresh connection, so every other backend's stats have
+    been flushed by then (a backend flushes them when it exits or idles for a second)."""
+    from nexus_pipelines.control.db import connect
+
+    time.sleep(1.1)
+    with connect(dsn) as conn:
+        row = conn.execute(_WAL_COUNTERS).fetchone()
+        lsn = conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, '0/0')", (row[0],)).fetchone()[0]
+    return dict(zip(_WAL_KEYS, [float(lsn), *(float(x) for x in row[1:])], strict=True))
+
+
+def _per_commit(before: dict, after: dict, batches: int) -> dict:
+    n = max(batches, 1)
+    return {f"{key}_per_batch_commit": round((after[key] - before[key]) / n, 2)
+            for key in _WAL_KEYS}
 
 
 def _run(runner, context) -> tuple:
@@ -140,6 +175,7 @@ def main() -> int:
         }
         loaded = parse_config(data, base_dir=PROJECT_ROOT / "configs" / "jobs")
         runs = []
+        wal_before = _wal_counters(dsn)
         for label in ("first", "rerun"):
             from datetime import UTC, datetime
 
@@ -162,6 +198,9 @@ def main() -> int:
             if commits:
                 say(f"  ledger commit per batch: p50={_pct(commits, 0.5):.2f} ms p95={_pct(commits, 0.95):.2f} ms "
                     f"max={max(commits):.2f} ms over {len(commits)} batches")
+            if label == "first":
+                wal = _per_commit(wal_before, _wal_counters(dsn), result.batches)
+                say("  per batch commit: " + " ".join(f"{k}={v}" for k, v in wal.items()))
         parent.send("records")
         crm_records = parent.recv()
         _, first, first_runner, first_wall, cpu_thread, cpu_process = runs[0]
@@ -196,6 +235,8 @@ def main() -> int:
             "crm_calls_s": round(first.stage_seconds.get("crm_calls", 0.0), 3),
             "ledger_writes_s": round(first.stage_seconds.get("ledger_writes", 0.0), 3),
             "validation_pass_s": round(first.stage_seconds.get("validation_pass", 0.0), 3),
+            "pg_data_dir": str(postgres.data_dir) if postgres is not None else "NEXUS_PG_DSN",
+            **wal,
         }
         budget = 1.10 * (summary["calls"] + summary["read_back_calls"]) * args.latency_ms / 1000
         say(f"non-warehouse time {first_wall - first_runner.warehouse.seconds:.2f}s vs "

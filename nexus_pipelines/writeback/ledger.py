@@ -155,7 +155,10 @@ SELECT external_id, payload_hash, status, attempt_count, next_retry_at, crm_reco
 
 # One statement per API batch (one round trip, atomic): renew the lease under its
 # fencing token, append the attempts, and - only while the token is current -
-# upsert the record states and bump the run counters.
+# upsert the record states and bump the run counters. The batch has one time: a time per
+# row widened the BRIN range of attempted_at on every insert, one more WAL record per row
+# for the commit to flush. (MERGE would save the speculative-insertion confirmation per
+# new row, but it plans a hash join over all of the job's records.)
 _COMMIT_BATCH = """
 WITH lease AS (
     UPDATE leases SET heartbeat_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s
@@ -164,6 +167,8 @@ WITH lease AS (
     RETURNING expires_at
 ), fence AS (
     SELECT (NOT %(fenced)s) OR EXISTS (SELECT 1 FROM lease) AS ok
+), batch AS (
+    SELECT clock_timestamp() AS at
 ), u AS (
     SELECT * FROM unnest(%(ids)s::text[], %(hashes)s::text[], %(versions)s::text[], %(numbers)s::bigint[],
                          %(statuses)s::text[], %(crm_ids)s::text[], %(http)s::bigint[], %(codes)s::text[],
@@ -173,8 +178,8 @@ WITH lease AS (
 ), attempts AS (
     INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash,
         attempt_number, status, crm_record_id, http_status, error_code, error_message, duration_ms)
-    SELECT clock_timestamp(), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number, u.status,
-           u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
+    SELECT (SELECT at FROM batch), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number,
+           u.status, u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
       FROM u
     RETURNING 1
 ), records AS (
@@ -183,8 +188,8 @@ WITH lease AS (
         error_message, updated_at)
     SELECT %(job)s, %(object)s, u.external_id, u.payload_hash, u.source_version, u.crm_record_id, u.status,
            u.attempt_number, %(run)s, CASE WHEN u.status = 'succeeded' THEN %(run)s END,
-           CASE WHEN u.status = 'retryable_failed' THEN clock_timestamp() + make_interval(secs => u.retry_s) END,
-           u.error_code, u.error_message, clock_timestamp()
+           CASE WHEN u.status = 'retryable_failed' THEN (SELECT at FROM batch) + make_interval(secs => u.retry_s) END,
+           u.error_code, u.error_message, (SELECT at FROM batch)
       FROM u WHERE (SELECT ok FROM fence)
     ON CONFLICT (job_name, target_object, external_id) DO UPDATE
        SET payload_hash = EXCLUDED.payload_hash,

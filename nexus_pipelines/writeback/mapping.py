@@ -19,7 +19,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from decimal import Decimal, InvalidOperation, localcontext
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal, InvalidOperation
+from functools import cache
 from typing import Any, ClassVar
 
 from nexus_pipelines.integrations.nexuscrm import NUMBER_TYPES, FieldContract
@@ -147,10 +148,13 @@ class Mapper:
         version = row.get(SOURCE_VERSION_COLUMN)
         if version is not None and not isinstance(version, str):
             raise MappingError(external_id, SOURCE_VERSION_COLUMN, f"expected STRING, got {type(version).__name__}")
-        for column, text in ((EXTERNAL_ID_COLUMN, external_id), (SOURCE_VERSION_COLUMN, version or "")):
-            problem = _control_problem(text)
-            if problem:  # both go into the ledger, where Postgres refuses NUL
-                raise MappingError(external_id, column, problem)
+        # Both go into the ledger, where Postgres refuses NUL.
+        problem = _control_problem(external_id)
+        if problem:
+            raise MappingError(external_id, EXTERNAL_ID_COLUMN, problem)
+        problem = _control_problem(version) if version else None
+        if problem:
+            raise MappingError(external_id, SOURCE_VERSION_COLUMN, problem)
         try:
             payload = self.map_row(row)
         except MappingError as exc:
@@ -219,10 +223,11 @@ def utc_timestamp(value: datetime, field: str) -> str:
     """UTC ISO-8601 with milliseconds and a Z suffix; naive datetimes are refused."""
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise MappingError(None, field, "timestamp must be timezone-aware")
-    value = value.astimezone(UTC)
+    if value.tzinfo is not UTC:  # BigQuery's client already answers in UTC
+        value = value.astimezone(UTC)
     if value.microsecond % 1000:
         raise MappingError(None, field, "timestamp has sub-millisecond precision the target would truncate")
-    return value.strftime("%Y-%m-%dT%H:%M:%S.") + f"{value.microsecond // 1000:03d}Z"
+    return value.isoformat(timespec="milliseconds")[:-6] + "Z"  # "+00:00" -> "Z"
 
 
 def iso_date(value: date, field: str) -> str:
@@ -246,20 +251,36 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
             raise MappingError(None, field, "not a decimal number") from None
     if not isinstance(value, Decimal) or not value.is_finite():
         raise MappingError(None, field, "expected a finite decimal")
-    quantum = Decimal(1).scaleb(-scale)
-    with localcontext() as ctx:  # enough digits to quantize any finite value exactly
-        ctx.prec = max(ctx.prec, value.adjusted() + scale + 2)
-        quantized = value.quantize(quantum)
-    if quantized != value:
-        raise MappingError(None, field, f"has more than {scale} decimal places; refusing to round")
-    digits = len(quantized.as_tuple().digits)
-    integer_digits = max(digits - scale, 0) if quantized != 0 else 0
-    if integer_digits > precision - scale:
-        raise MappingError(None, field, f"exceeds precision {precision} (scale {scale})")
-    return quantized
+    problem = _decimal_problem(value, precision, scale)
+    if problem:
+        raise MappingError(None, field, problem)
+    # Exact now: the checks above bound the result to `precision` digits.
+    return value.quantize(_quantum(scale), context=_EXACT)
+
+
+# Wide enough that quantizing a value the checks accepted never rounds or traps.
+_EXACT = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
+@cache
+def _quantum(scale: int) -> Decimal:
+    return Decimal(1).scaleb(-scale)
+
+
+def _decimal_problem(value: Decimal, precision: int, scale: int) -> str | None:
+    """Why a finite Decimal does not fit NUMBER(precision, scale) without rounding, or None."""
+    _, digits, exponent = value.as_tuple()
+    decimals = max(-exponent, 0)
+    if decimals > scale and any(digits[max(len(digits) - decimals + scale, 0):]):
+        return f"has more than {scale} decimal places; refusing to round"
+    if any(digits) and len(digits) + exponent > precision - scale:
+        return f"exceeds precision {precision} (scale {scale})"
+    return None
 
 
 def _control_problem(text: str) -> str | None:
+    if text.isprintable():  # every control character is unprintable; a printable text has none
+        return None
     match = CONTROL_CHARACTERS.search(text)
     return f"contains a control character (U+{ord(match.group()):04X})" if match else None
 
@@ -277,15 +298,10 @@ def _text_problem(value: Any, spec: FieldContract) -> str | None:
 def _number_problem(value: Any, spec: FieldContract) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
         return f"expected a number (Decimal or int), got {type(value).__name__}"
-    sign, digits, exponent = Decimal(value).as_tuple()
-    if not isinstance(exponent, int):
+    value = Decimal(value)
+    if not value.is_finite():
         return "expected a finite decimal"
-    decimals = max(-exponent, 0)
-    if decimals > spec.scale and any(digits[len(digits) - decimals + spec.scale:]):
-        return f"has more than {spec.scale} decimal places; refusing to round"
-    if any(digits) and len(digits) + exponent > spec.precision - spec.scale:
-        return f"exceeds precision {spec.precision} (scale {spec.scale})"
-    return None
+    return _decimal_problem(value, spec.precision, spec.scale)
 
 
 def _well_formed(value: Any, pattern: re.Pattern[str], parse: Any) -> bool:

@@ -170,3 +170,17 @@ def test_a_rewrite_of_a_batch_of_records_stays_on_their_pages(ledger, control_co
     before = hot_updates()
     ledger.commit_batch("r2", "b2", None, TTL, [outcome(x, h="h2") for x in ids], BatchCounts(200))
     assert hot_updates() - before >= 190
+
+
+def test_a_batch_commit_stamps_its_attempts_and_records_with_one_time(ledger):
+    """One time per batch: its attempts are one event, and a time per row widened the
+    attempted_at BRIN range on every insert (a WAL record per row)."""
+    ids = [f"one-{i:03d}" for i in range(50)]
+    outs = [outcome(x) for x in ids[:-1]] + [outcome(ids[-1], status="retryable_failed", code="TIMEOUT", delay=30)]
+    ledger.commit_batch("r1", "b1", None, TTL, outs, BatchCounts(49, 1))
+    attempted = {r[0] for r in ledger.conn.execute(
+        "SELECT attempted_at FROM outbound_record_attempts WHERE job_name = %s", (ledger.job_name,))}
+    rows = ledger.record_rows(ids)
+    assert len(attempted) == 1 and {r["updated_at"] for r in rows} == attempted
+    retry = next(r for r in rows if r["external_id"] == ids[-1])
+    assert retry["next_retry_at"] == retry["updated_at"] + timedelta(seconds=30)

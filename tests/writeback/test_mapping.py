@@ -123,6 +123,17 @@ def test_a_decimal_beyond_the_default_context_precision_is_a_mapping_error():
     assert exact_decimal(Decimal("12.5"), "ARR_Amount__c", precision=16, scale=2) == Decimal("12.50")
 
 
+def test_a_decimal_wider_than_the_default_context_is_quantized_exactly():
+    assert exact_decimal(Decimal("1" * 36 + ".5"), "f", precision=40, scale=3) == Decimal("1" * 36 + ".500")
+    assert exact_decimal(Decimal("0E+40"), "f", precision=16, scale=2) == Decimal("0.00")
+    with pytest.raises(MappingError, match="more than 2 decimal places"):
+        exact_decimal(Decimal("0.0010"), "f", precision=16, scale=2)
+
+
+def test_a_timestamp_before_year_1000_keeps_four_year_digits():
+    assert utc_timestamp(datetime(999, 1, 2, 3, 4, 5, 6000, tzinfo=UTC), "f") == "0999-01-02T03:04:05.006Z"
+
+
 class Rogue(Mapper):
     TARGET_OBJECT = "Month_End_ARR__c"
     FIELDS = (FieldContract("Month_End_ARR_Key__c", "string", length=40, nillable=False, external_id=True),
@@ -154,6 +165,7 @@ class Rogue(Mapper):
     ({"At__c": "2025-01-01T00:00:00"}, "expected a UTC datetime"),
     ({"N__c": Decimal("1000")}, "exceeds precision 4"),
     ({"N__c": Decimal("1.25")}, "more than 1 decimal places"),
+    ({"N__c": Decimal("0.0010")}, "more than 1 decimal places"),  # a trailing zero hides the digit
     ({"N__c": "1.5"}, "expected a number"),
     ({"Flag__c": 1}, "expected a boolean"),
 ])

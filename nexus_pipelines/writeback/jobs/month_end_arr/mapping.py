@@ -64,7 +64,8 @@ class MonthEndArrMapper(Mapper):
             raise MappingError(None, "month_start", "expected DATE, got TIMESTAMP")
         if month.day != 1:
             raise MappingError(None, "month_start", "must be the first day of a month")
-        if key != f"{account}:{month:%Y-%m}":
+        month_text = iso_date(month, "Month__c")
+        if key != f"{account}:{month_text[:7]}":  # YYYY-MM
             raise MappingError(None, EXTERNAL_ID_COLUMN, "does not match account_id and month_start")
         amount = exact_decimal(require(row, "arr_amount", (Decimal, int)), ARR_AMOUNT.name,
                                precision=ARR_AMOUNT.precision, scale=ARR_AMOUNT.scale)
@@ -76,7 +77,7 @@ class MonthEndArrMapper(Mapper):
         return {
             "Month_End_ARR_Key__c": key,
             "Account_External_Id__c": account,
-            "Month__c": iso_date(month, "Month__c"),
+            "Month__c": month_text,
             "ARR_Amount__c": amount,
             "Currency_Code__c": currency,
             "Product_Line__c": product_line,  # None clears it: the source owns clearing
