@@ -16,7 +16,7 @@ DOCS = ("README.md", "docs/connectors/authoring.md")
 _SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^[\w.-]+(/[\w.<>-]+)+/?$")
 _PLACEHOLDER = re.compile(r"acme|<|\.\.\.|NNNN")
-_TOP = ("nexus_pipelines/", "tests/", "sql/", "configs/", "bench/", "docs/", ".ci/")
+_TOP = ("nexus_pipelines/", "tests/", "sql/", "configs/", "bench/", "docs/", ".ci/", "deploy/")
 
 
 def spans(name: str) -> list[str]:
