@@ -180,7 +180,8 @@ def _begin_increment(conn: psycopg.Connection, client: bigquery.Client, table_id
         return exported, upto, pending_id
 
 
-def _append_attempts(conn: psycopg.Connection, client: bigquery.Client, table_id: str, chunk: int) -> int:
+def _load_increment(conn: psycopg.Connection, client: bigquery.Client, table_id: str, chunk: int) -> int:
+    """Load the attempts committed since the last recorded export; `_record_increment` then records it."""
     since, upto, export_id = _begin_increment(conn, client, table_id)
     columns = [f[0] for f in TABLES[ATTEMPTS] if f[0] != "export_id"]
     spool, count = _spool(conn, _DELTA.format(columns=", ".join(columns)), {"since": since, "upto": upto},
@@ -191,8 +192,17 @@ def _append_attempts(conn: psycopg.Connection, client: bigquery.Client, table_id
         elif count:
             disposition = bigquery.WriteDisposition.WRITE_TRUNCATE if since is None else bigquery.WriteDisposition.WRITE_APPEND
             _load(client, table_id, spool, disposition)
+    return count
+
+
+def _record_increment(conn: psycopg.Connection, table_id: str) -> None:
     conn.execute("UPDATE ledger_export_marks SET exported = pending, pending = NULL, pending_id = NULL, updated_at = now()"
                  " WHERE destination = %s", (table_id,))
+
+
+def _append_attempts(conn: psycopg.Connection, client: bigquery.Client, table_id: str, chunk: int) -> int:
+    count = _load_increment(conn, client, table_id, chunk)
+    _record_increment(conn, table_id)
     return count
 
 
