@@ -189,20 +189,32 @@ def test_two_writeback_runs_requested_at_once_run_one_after_the_other(topology):
     assert ledger[0][2] <= ledger[1][1]  # never overlapping in the ledger
 
 
+def _stop_sensors_and_wait_for_no_run_in_flight(topology) -> None:
+    for name in topology.sensors():
+        if topology.webserver.instigators()[name] == "RUNNING":
+            topology.webserver.stop_sensor(name)
+    wait_for(lambda: not [run for run in topology.runs() if run["status"] in IN_FLIGHT], "no run in flight", 300,
+             every_s=2)
+
+
 def test_killing_the_daemon_mid_run_leaves_no_run_stuck_and_no_work_item_lost(topology):
     topology.cli("connectors", "activate", "demo-gitlab")
-    topology.start_sensors()
+    # The daemon dies while a writeback run is executing and another is queued behind it; no launch is in
+    # progress at that moment (run monitoring fails a run whose launch died with the daemon, after
+    # run_monitoring.start_timeout_seconds).
+    _stop_sensors_and_wait_for_no_run_in_flight(topology)
     tickets = topology.count("SELECT count(*) FROM tickets")
     now = datetime.now(UTC)
     for n in range(3):
         topology.gitlab.state.add_issue(local_sandbox.GITLAB_PROJECT_ID, title=f"Filed during the outage {n}",
                                         description="", labels=["bug"], updated_at=now + timedelta(seconds=n))
     first, second = topology.webserver.launch(WRITEBACK_JOB), topology.webserver.launch(WRITEBACK_JOB)
-    wait_for(lambda: any(run["runId"] in (first, second) and run["status"] in ("STARTING", "STARTED")
-                         for run in topology.runs(WRITEBACK_JOB)), "a writeback run to start", 120, every_s=0.2)
-    topology.daemon.kill()  # as a lost host would: no shutdown, the other run still queued
+    wait_for(lambda: any(run["runId"] in (first, second) and run["status"] == "STARTED"
+                         for run in topology.runs(WRITEBACK_JOB)), "a writeback run to start", 300, every_s=0.2)
+    topology.daemon.kill()  # as a lost host would: no shutdown
     time.sleep(2)
     topology.daemon.start()
+    topology.start_sensors()
     runs = _finished(topology, [first, second])
     assert [run["status"] for run in runs] == ["SUCCESS", "SUCCESS"], topology.diagnostics()
     wait_for(lambda: topology.count("SELECT count(*) FROM tickets") == tickets + 3, "the 3 new tickets", 420,
@@ -211,17 +223,12 @@ def test_killing_the_daemon_mid_run_leaves_no_run_stuck_and_no_work_item_lost(to
              "every work item to complete", 300, every_s=2)
     assert topology.count("SELECT count(*) FROM ingress_receipts") == topology.count(
         "SELECT count(*) FROM connector_work_items")  # each delivered issue version became work, none was lost
-    wait_for(lambda: not [run for run in topology.runs() if run["status"] in IN_FLIGHT], "no run in flight", 300,
-             every_s=2)
+    _stop_sensors_and_wait_for_no_run_in_flight(topology)  # and every run ended
 
 
 def test_a_restarted_code_server_is_picked_up_by_the_webserver(topology):
     # Without containers the runs are processes of the code server: let them finish first.
-    for name in topology.sensors():
-        if topology.webserver.instigators()[name] == "RUNNING":
-            topology.webserver.stop_sensor(name)
-    wait_for(lambda: not [run for run in topology.runs() if run["status"] in IN_FLIGHT], "no run in flight", 300,
-             every_s=2)
+    _stop_sensors_and_wait_for_no_run_in_flight(topology)
     before = topology.webserver.location()["locationOrLoadError"]["serverId"]
     topology.code_server.stop()
     topology.code_server.start()
