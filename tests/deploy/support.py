@@ -170,17 +170,20 @@ class Webserver:
     def start_sensor(self, name: str) -> None:
         data = self.query("""mutation($selector: SensorSelector!) { startSensor(sensorSelector: $selector) {
             __typename ... on Sensor { sensorState { status } } ... on PythonError { message } } }""",
-                          selector={"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                                    "sensorName": name})
+                          selector=self._sensor(name))
         assert data["startSensor"].get("sensorState", {}).get("status") == "RUNNING", data
 
     def stop_sensor(self, name: str) -> None:
-        data = self.query("""mutation($selector: SensorSelector!) { stopSensor(sensorSelector: $selector) {
+        data = self.query("""query($selector: SensorSelector!) { sensorOrError(sensorSelector: $selector) {
+            ... on Sensor { sensorState { id } } } }""", selector=self._sensor(name))
+        data = self.query("""mutation($id: String!) { stopSensor(id: $id) {
             __typename ... on StopSensorMutationResult { instigationState { status } }
-            ... on PythonError { message } } }""",
-                          selector={"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY,
-                                    "sensorName": name})
+            ... on PythonError { message } } }""", id=data["sensorOrError"]["sensorState"]["id"])
         assert data["stopSensor"].get("instigationState", {}).get("status") == "STOPPED", data
+
+    @staticmethod
+    def _sensor(name: str) -> dict:
+        return {"repositoryLocationName": LOCATION, "repositoryName": REPOSITORY, "sensorName": name}
 
     def launch(self, job: str) -> str:
         data = self.query("""mutation($params: ExecutionParams!) { launchRun(executionParams: $params) {
