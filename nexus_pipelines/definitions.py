@@ -14,7 +14,7 @@ from dagster import BetaWarning, Definitions, EnvVar
 warnings.filterwarnings("ignore", message="Parameter `owners`", category=BetaWarning)
 
 from nexus_pipelines.control.resources import ControlPlaneResource  # noqa: E402 - after the warning filter
-from nexus_pipelines.integrations.resources import BigQueryClientResource
+from nexus_pipelines.integrations.resources import WarehouseResource
 from nexus_pipelines.settings import load_settings
 from nexus_pipelines import bindings
 from nexus_pipelines.connectors.definitions import build_connector_defs
@@ -29,7 +29,7 @@ def build_resources() -> dict:
     settings = load_settings()
     return {
         "control_plane": ControlPlaneResource(dsn=EnvVar("NEXUS_PG_DSN")),
-        "bigquery": BigQueryClientResource(
+        "bigquery": WarehouseResource(
             project=settings.bq_project, location=settings.bq_location, emulator_url=settings.bq_emulator_url
         ),
         "ticket_observer": TicketObserver(),

@@ -14,10 +14,23 @@ def test_the_full_definitions_load():
     assert {"control_plane", "bigquery"} <= set(repository.get_top_level_resources())
 
 
-def test_dagster_definitions_validate_passes_for_the_workspace(tmp_path):
-    # An empty DAGSTER_HOME: without one, the CLI would pick up the production dagster.yaml in the
-    # working directory, whose storage needs real credentials.
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path)}
+def test_the_warehouse_is_dagster_gcps_bigquery_resource_with_its_project_and_location(monkeypatch):
+    from dagster_gcp import BigQueryResource
+
+    from nexus_pipelines.definitions import build_resources
+
+    monkeypatch.setenv("NEXUS_BQ_PROJECT", "analytics-prod")
+    monkeypatch.setenv("NEXUS_BQ_LOCATION", "EU")
+    monkeypatch.delenv("NEXUS_BQ_EMULATOR_URL", raising=False)
+    warehouse = build_resources()["bigquery"]
+    assert isinstance(warehouse, BigQueryResource)  # what the UI's resource page shows and users configure
+    assert (warehouse.project, warehouse.location, warehouse.emulator_url) == ("analytics-prod", "EU", None)
+
+
+def test_a_plain_dagster_definitions_validate_passes_at_the_repository_root():
+    # No DAGSTER_HOME and no instance file in the root: the CLI uses an ephemeral instance (the
+    # production instance lives in deploy/ and needs the production Postgres).
+    env = {name: value for name, value in os.environ.items() if name != "DAGSTER_HOME"}
     result = subprocess.run(
         [sys.executable, "-m", "dagster", "definitions", "validate", "-w", "workspace.yaml"],
         cwd=PROJECT_ROOT,
@@ -28,25 +41,3 @@ def test_dagster_definitions_validate_passes_for_the_workspace(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "All code locations passed validation" in result.stdout + result.stderr
-
-
-def test_the_production_instance_config_loads(tmp_path, monkeypatch):
-    from dagster import DagsterInstance
-
-    for name, value in {
-        "DAGSTER_PG_USERNAME": "dagster",
-        "DAGSTER_PG_PASSWORD": "unused",
-        "DAGSTER_PG_HOST": "127.0.0.1",
-        "DAGSTER_PG_DB": "dagster",
-        "DAGSTER_PG_PORT": "5432",
-    }.items():
-        monkeypatch.setenv(name, value)
-    (tmp_path / "dagster.yaml").write_text((PROJECT_ROOT / "dagster.yaml").read_text())
-    from dagster._core.instance.config import dagster_instance_config
-
-    config, _ = dagster_instance_config(str(tmp_path))
-    assert config["storage"]["postgres"]["postgres_db"]["hostname"] == {"env": "DAGSTER_PG_HOST"}
-    limits = {limit["key"] for limit in config["concurrency"]["runs"]["tag_concurrency_limits"]}
-    assert {"nexus/writeback-job", "nexus/queue-drain"} <= limits
-    assert config["nux"] == {"enabled": False}  # no community pop-up in the UI
-    assert DagsterInstance  # the config validated against Dagster's own schema above

@@ -17,7 +17,7 @@ DOCS = ("README.md", "docs/connectors/authoring.md", "docs/design/writeback-run.
 _SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^[\w.-]+(/[\w.<>-]+)+/?$")
 _PLACEHOLDER = re.compile(r"acme|<|\.\.\.|NNNN")
-_TOP = ("nexus_pipelines/", "tests/", "sql/", "configs/", "bench/", "docs/", ".ci/")
+_TOP = ("nexus_pipelines/", "tests/", "sql/", "configs/", "bench/", "docs/", ".ci/", "deploy/")
 
 
 def spans(name: str) -> list[str]:

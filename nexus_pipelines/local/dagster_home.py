@@ -15,14 +15,17 @@ import yaml
 
 from nexus_pipelines.settings import PROJECT_ROOT
 
-PRODUCTION_CONFIG = PROJECT_ROOT / "dagster.yaml"
+PRODUCTION_CONFIG = PROJECT_ROOT / "deploy" / "dagster.yaml"
 
 
 def instance_config(storage: dict) -> dict:
-    """The production instance config (run coordinator, run tag limits) with `storage` in place
-    of its Postgres settings: the tag limits the jobs rely on exist once, in dagster.yaml."""
+    """The production instance config (run coordinator, run tag limits, run monitoring) with
+    `storage` in place of its Postgres settings: the tag limits the jobs rely on exist once, in
+    deploy/dagster.yaml. With no containers here, runs start as processes of the code location
+    (Dagster's default launcher) instead of the production DockerRunLauncher."""
     config = yaml.safe_load(PRODUCTION_CONFIG.read_text())
     config["storage"] = {"postgres": storage}
+    config.pop("run_launcher")
     return config
 
 

@@ -28,7 +28,6 @@ Dagster with one line (`Failure`) whose metadata carries `JobResult.exit_code`.
 
 
 import logging
-from contextlib import closing
 
 from dagster import (
     AssetCheckResult,
@@ -156,7 +155,7 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
     stage_to_asset = {STAGE_READINESS: "readiness", STAGE_CANDIDATES: "candidates", STAGE_VALIDATION: "validated"}
     result: JobResult | None = None
     log = _DagsterLogAdapter(context)
-    with closing(context.resources.bigquery.get_client()) as bq, context.resources.control_plane.connection() as conn:
+    with context.resources.bigquery.get_client() as bq, context.resources.control_plane.connection() as conn:
         runner = Runner(definition.name, definition.mapper(), loaded, bq=bq, conn=conn, crm_factory=crm_factory,
                         log=log)
         for event in runner.execute(job_context):

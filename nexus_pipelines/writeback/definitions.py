@@ -1,16 +1,13 @@
 """The writeback's Definitions: per registered job an asset graph, its asset job and a
 (stopped) schedule; plus the ledger export to BigQuery and attempt-retention pruning."""
 
-
-from contextlib import closing
-
-from dagster import AssetExecutionContext, AssetKey, Config, Definitions, MaterializeResult, MetadataValue, asset
+from dagster import AssetExecutionContext, AssetKey, Config, Definitions, Failure, MaterializeResult, MetadataValue, asset
 from pydantic import Field
 
 
 from nexus_pipelines.writeback.assets import GROUP, build_writeback_assets, source_asset_spec
 from nexus_pipelines.writeback.config import load_config
-from nexus_pipelines.writeback.export import export_ledger
+from nexus_pipelines.writeback.export import LedgerExportError, export_ledger
 from nexus_pipelines.writeback.ledger import prune_attempts
 from nexus_pipelines.writeback.registry import JOBS
 from nexus_pipelines.writeback.resources import NexusCrmWritebackResource
@@ -24,11 +21,15 @@ class LedgerExportConfig(Config):
 
 @asset(key=AssetKey(["nexuscrm_control", "ledger_export"]), group_name=GROUP,
        required_resource_keys={"control_plane", "bigquery"}, kinds={"bigquery", "postgres"},
-       description="The four writeback ledger tables (leases, runs, records, attempts) copied from the "
-                   "Postgres control plane to the BigQuery control dataset.")
+       description="The four writeback ledger tables copied from the Postgres control plane to the BigQuery "
+                   "control dataset by load jobs: leases, runs and records replaced whole, the attempts committed "
+                   "since the last export appended.")
 def writeback_ledger_export(context: AssetExecutionContext, config: LedgerExportConfig) -> MaterializeResult:
-    with closing(context.resources.bigquery.get_client()) as bq, context.resources.control_plane.connection() as conn:
-        counts = export_ledger(conn, bq, config.project or bq.project, config.dataset)
+    with context.resources.bigquery.get_client() as bq, context.resources.control_plane.connection() as conn:
+        try:
+            counts = export_ledger(conn, bq, config.project or bq.project, config.dataset)
+        except LedgerExportError as exc:
+            raise Failure(description=str(exc)) from None
     return MaterializeResult(metadata={f"{k}_rows": MetadataValue.int(v) for k, v in counts.items()})
 
 

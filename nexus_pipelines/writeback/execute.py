@@ -42,14 +42,14 @@ class InProcessOutcome:
 
 def default_resources(pg_dsn: str) -> dict[str, Any]:
     from nexus_pipelines.control.resources import ControlPlaneResource
-    from nexus_pipelines.integrations.resources import BigQueryClientResource
+    from nexus_pipelines.integrations.resources import WarehouseResource
     from nexus_pipelines.settings import load_settings
 
     settings = load_settings()
     return {
         "control_plane": ControlPlaneResource(dsn=pg_dsn),
-        "bigquery": BigQueryClientResource(project=settings.bq_project, location=settings.bq_location,
-                                           emulator_url=settings.bq_emulator_url),
+        "bigquery": WarehouseResource(project=settings.bq_project, location=settings.bq_location,
+                                     emulator_url=settings.bq_emulator_url),
         CRM_RESOURCE_KEY: NexusCrmWritebackResource(),
     }
 

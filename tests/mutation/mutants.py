@@ -57,9 +57,9 @@ MUTANTS = (
 
 
 def _copy_project(target: Path) -> None:
-    for name in ("nexus_pipelines", "tests", "sql", "configs"):
+    for name in ("nexus_pipelines", "tests", "sql", "configs", "deploy"):
         shutil.copytree(ROOT / name, target / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "dagster.yaml", "workspace.yaml"):
+    for name in ("pyproject.toml", "workspace.yaml"):
         shutil.copy(ROOT / name, target / name)
 
 

@@ -131,10 +131,10 @@ def job() -> str:
 
 def dagster_resources(control_dsn: str, bq_emulator_url: str, state: NexusCrmState) -> dict:
     from nexus_pipelines.control.resources import ControlPlaneResource
-    from nexus_pipelines.integrations.resources import BigQueryClientResource
+    from nexus_pipelines.integrations.resources import WarehouseResource
 
     return {
         "control_plane": ControlPlaneResource(dsn=control_dsn),
-        "bigquery": BigQueryClientResource(project="nexus-test", location="US", emulator_url=bq_emulator_url),
+        "bigquery": WarehouseResource(project="nexus-test", location="US", emulator_url=bq_emulator_url),
         "nexuscrm_writeback": SimCrm(state),
     }

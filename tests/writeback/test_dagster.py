@@ -4,12 +4,13 @@ stops the write, a canary touches only the named external IDs, lineage and sched
 from __future__ import annotations
 
 import uuid
+from contextlib import contextmanager
 
 import pytest
 from dagster import AssetKey, DagsterInstance, DefaultScheduleStatus, materialize
 
 from nexus_pipelines.control.resources import ControlPlaneResource
-from nexus_pipelines.integrations.resources import BigQueryClientResource
+from nexus_pipelines.integrations.resources import WarehouseResource
 from nexus_pipelines.writeback.assets import asset_keys, build_writeback_assets, source_asset_spec
 from nexus_pipelines.definitions import defs as writeback_defs
 from nexus_pipelines.local.month_end_arr_source import mark_load
@@ -137,7 +138,7 @@ def test_ledger_export_and_retention_assets(control_dsn, bq_emulator_url, contro
     result = materialize(
         [writeback_ledger_export, writeback_attempt_retention],
         resources={"control_plane": ControlPlaneResource(dsn=control_dsn),
-                   "bigquery": BigQueryClientResource(project="nexus-test", location="US",
+                   "bigquery": WarehouseResource(project="nexus-test", location="US",
                                                       emulator_url=bq_emulator_url)},
         run_config={"ops": {"nexuscrm_control__ledger_export": {"config": {"dataset": dataset}}}},
     )
@@ -153,13 +154,14 @@ def test_dagster_assets_close_the_bigquery_clients_they_create(tmp_path, control
 
     opened, closed = [], []
 
-    class TrackedBigQuery(BigQueryClientResource):
+    class TrackedBigQuery(WarehouseResource):
+        @contextmanager
         def get_client(self):
-            client = super().get_client()
-            opened.append(client)
-            close = client.close
-            client.close = lambda: (closed.append(client), close())[1]
-            return client
+            with super().get_client() as client:
+                opened.append(client)
+                close = client.close
+                client.close = lambda: (closed.append(client), close())[1]
+                yield client
 
     resources = {**dagster_resources(control_dsn, bq_emulator_url, new_state()),
                  "bigquery": TrackedBigQuery(project="nexus-test", location="US", emulator_url=bq_emulator_url)}
