@@ -18,7 +18,7 @@ import yaml
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.local import sandbox as local_sandbox
 from nexus_pipelines.integrations.bigquery import make_bigquery_client
-from nexus_pipelines.writeback.jobs.month_end_arr import demo_data
+from nexus_pipelines.local import month_end_arr_source
 from tests.conftest import drop_database, new_database, with_database
 
 from .support import (
@@ -131,7 +131,7 @@ class Topology:
 def topology(tmp_path_factory, control_dsn, pg_admin_dsn, bq_emulator_url):
     storage = new_database(pg_admin_dsn, None)
     with make_bigquery_client(BQ_PROJECT, "US", bq_emulator_url) as client:
-        demo_data.seed_source(client, local_sandbox.SOURCE_DATASET, SOURCE_ROWS, negative_every=0,
+        month_end_arr_source.seed_source(client, local_sandbox.SOURCE_DATASET, SOURCE_ROWS, negative_every=0,
                               load_run_id=f"topology-{uuid.uuid4().hex[:6]}")
     stack = Topology(tmp_path_factory.mktemp("topology"), control_dsn, with_database(pg_admin_dsn, storage),
                      bq_emulator_url)
