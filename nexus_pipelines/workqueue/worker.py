@@ -7,7 +7,9 @@ renews all held leases in one statement on a second connection, and marks items
 whose renewal failed as lost (their `lease_lost` event is set and their results are
 discarded). Results are finalized in batches: one fenced statement completes every
 finished item, one records every failure; an item lost before its handler started
-is handed back as unstarted (so it counts as never dispatched).
+is handed back as unstarted (so it counts as never dispatched). The items of a
+`Batched` work type in one claim go to its handler as a few batches (one per handler
+thread), in claim order.
 
 Both connections are `ControlSession`s: a Postgres restart or a network cut makes the
 drain reconnect with capped backoff and carry on (reported through `on_outage`), and
@@ -46,9 +48,10 @@ from nexus_pipelines.workqueue.execution import (
     StopRule,
     default_worker_id,
     failure_for,
+    run_batch,
     run_handler,
 )
-from nexus_pipelines.workqueue.handlers import HandlerRegistry
+from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy
 from nexus_pipelines.workqueue.session import ControlSession
 from nexus_pipelines.workqueue.states import COMPLETED, RUNNING
@@ -329,11 +332,24 @@ class Drain:
         self._leases.hold(claimed)
         for item in claimed:
             self._inflight[item.fence] = item
-        size = self._sizer.chunk(len(claimed))
-        for start in range(0, len(claimed), size):
-            self._pool.submit(_run_chunk, self._registry, claimed[start : start + size]).add_done_callback(
-                lambda fut: self._results.put(fut.result())
-            )
+        batched: dict[str, list[ClaimedItem]] = {}
+        single: list[ClaimedItem] = []
+        for item in claimed:  # claim order, so each batch keeps the lanes' order
+            if isinstance(self._registry[item.work_type], Batched):
+                batched.setdefault(item.work_type, []).append(item)
+            else:
+                single.append(item)
+        for work_type, items in batched.items():
+            # one batch per handler thread, so every thread has a share of the claim
+            size = -(-len(items) // self._opt["concurrency"])
+            for start in range(0, len(items), size):
+                self._submit(_run_batch, self._registry[work_type], items[start : start + size])
+        size = self._sizer.chunk(len(single))
+        for start in range(0, len(single), size):
+            self._submit(_run_chunk, self._registry, single[start : start + size])
+
+    def _submit(self, run, *args) -> None:
+        self._pool.submit(run, *args).add_done_callback(lambda fut: self._results.put(fut.result()))
 
     def _collect(self, wait: float) -> None:
         chunks = []
@@ -361,6 +377,12 @@ class Drain:
 def _run_chunk(registry: HandlerRegistry, items: list[ClaimedItem]) -> tuple[list[HandlerResult], float]:
     started = time.perf_counter()
     results = [run_handler(registry, item) for item in items]
+    return results, (time.perf_counter() - started) / max(len(items), 1)
+
+
+def _run_batch(handler: Batched, items: list[ClaimedItem]) -> tuple[list[HandlerResult], float]:
+    started = time.perf_counter()
+    results = run_batch(handler, items)
     return results, (time.perf_counter() - started) / max(len(items), 1)
 
 
