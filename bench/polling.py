@@ -7,7 +7,10 @@ simulator in process (its time is measured at the transport and subtracted):
 
 1. full sync of N issues (ties of 50 on one update time; for Jira, whose JQL bound is a
    minute, 50 inside each minute) page by page through the code location's poll ticks,
-   then route and drain them into tickets;
+   then route and drain them into tickets (`tickets_per_s` over `apply_s`, the drain);
+   `first_sync_own_s` is the poll's own time (simulator time subtracted), routing and
+   the drain; then N no-op work items drained by the same drain (concurrency, claim
+   batch, database) give `noop_items_per_s`, so `apply_vs_noop` compares across machines;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
 4. the reconciliation sweep: once over the complete intake (`sweep_calls_per_10k`: its
@@ -24,6 +27,10 @@ simulator in process (its time is measured at the transport and subtracted):
    budget allows per window, on the simulator's real clock and the real retry executor;
    the run waits for each reset through the durable poll schedule instead of failing or
    hammering (`calls_while_limited` counts requests GitHub would have refused: 0).
+
+Every drain runs until its queue is empty; a phase whose drain leaves work unfinished, or
+whose counts are not what it set up (N tickets after the sync, one close-back per proof),
+stops the bench with a line naming what is left.
 
 Each provider prints one JSON line; the last line of stdout is one JSON object (with
 `both` (GitLab and GitHub) or `all`, every provider's object under its name).
@@ -44,6 +51,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+# The one drain configuration every phase uses (the ticket drain and the no-op drain alike).
+DRAIN = {"concurrency": 2, "claim_batch": 100}
+DRAIN_BUDGET_S = 3600
 TABLES = ("ingress_receipts", "connector_outbox_events", "connector_work_items", "ticket_observations", "tickets")
 
 
@@ -137,6 +147,53 @@ def _rows(conn) -> dict[str, int]:
     return {t: conn.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in TABLES}
 
 
+class BenchFailure(SystemExit):
+    """A phase did not do what it measures; the message names what is left."""
+
+
+def _drain_all(pool, registry, registration_id: str, phase: str):
+    """Drain the registration's queue to empty with the bench's drain, or fail naming what is left."""
+    from nexus_pipelines.workqueue.worker import drain
+    from tests.connectors.support import NO_WAIT
+
+    report = drain(pool, registry, registration_ids=[registration_id], retry_policy=NO_WAIT,
+                   time_budget_s=DRAIN_BUDGET_S, **DRAIN)
+    with pool.connection() as conn:
+        left = conn.execute(
+            """SELECT work_type, state, count(*) FROM connector_work_items
+                WHERE registration_id = %s AND state <> 'completed' GROUP BY 1, 2 ORDER BY 1, 2""",
+            (registration_id,)).fetchall()
+    if left:
+        what = ", ".join(f"{n} {work_type} {state}" for work_type, state, n in left)
+        raise BenchFailure(f"bench: the {phase} drain of {registration_id} ended ({report.stopped}) leaving {what}")
+    return report
+
+
+def _expect(phase: str, what: str, got: int, wanted: int) -> None:
+    if got != wanted:
+        raise BenchFailure(f"bench: {phase} made {got} {what}, expected {wanted}")
+
+
+def _noop_items_per_s(pool, items: int) -> float:
+    """The bench's drain completing `items` no-op items (one source and one target lane each, like
+    ticket.observe) in the same database."""
+    from nexus_pipelines.workqueue import generations
+    from nexus_pipelines.workqueue.handlers import NOOP, HandlerRegistry
+    from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
+
+    registration_id = "bench/noop"
+    with pool.connection() as conn:
+        generations.activate(conn, registration_id, 1, recorded_by="bench", route_versions={"bulk": 1})
+        work = (NewWork(f"noop-{n}", "bench.noop", source_lane_key=f"s{n}", target_lane_key=f"t{n}")
+                for n in range(items))
+        _expect("the no-op enqueue", "work items", enqueue_work_items(conn, work, registration_id=registration_id,
+                                                                      revision=1), items)
+    started = time.perf_counter()
+    report = _drain_all(pool, HandlerRegistry({"bench.noop": NOOP}), registration_id, "no-op")
+    _expect("the no-op drain", "completed items", report.completed, items)
+    return round(items / (time.perf_counter() - started), 1)
+
+
 def _sensor_tick_ms(dsn: str, pool, world, folder: Path) -> float:
     from dagster import DagsterInstance, build_sensor_context
 
@@ -214,18 +271,25 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
                       registration_ids=[registration.registration_id], time_budget_s=3600)
         sync_s = time.perf_counter() - started
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
+    rid = registration.registration_id
     started = time.perf_counter()
     plant.route()
-    drained = plant.drain([registration.registration_id])
+    route_s = time.perf_counter() - started
+    started = time.perf_counter()
+    drained = _drain_all(pool, plant.registry(), rid, "first sync")
     apply_s = time.perf_counter() - started
     with pool.connection() as conn:
+        _expect("the first sync", "tickets", _rows(conn)["tickets"], args.issues)
+    noop_per_s = _noop_items_per_s(pool, args.issues)
+
+    # 2. an unchanged re-poll
+    with pool.connection() as conn:
         before = _rows(conn)
-        store.request_poll(conn, [registration.registration_id])
+        store.request_poll(conn, [rid])
         list_before = timed.calls.get("list", 0)
-        repoll = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
-                      registration_ids=[registration.registration_id])
+        repoll = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(), registration_ids=[rid])
         plant.route()
-        plant.drain([registration.registration_id])
+        _drain_all(pool, plant.registry(), rid, "re-poll")
         after = _rows(conn)
         repoll_calls = timed.calls.get("list", 0) - list_before
         (duplicates,) = conn.execute(
@@ -241,9 +305,13 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         plant.prove(ticket_id, f"bench-{ticket_id}")
     writes_before = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS)
     started = time.perf_counter()
-    closed = plant.drain([registration.registration_id])
+    closed = _drain_all(pool, plant.registry(), rid, "close-back")
     close_s = time.perf_counter() - started
     close_calls = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS) - writes_before
+    with pool.connection() as conn:
+        (receipts,) = conn.execute("SELECT count(*) FROM ticket_close_receipts").fetchone()
+    _expect("the close-back", "close receipts", receipts, len(ticket_ids))
+    _expect("the close-back drain", "completed close-backs", closed.completed, len(ticket_ids))
 
     sensor_ms = _sensor_tick_ms(dsn, pool, world, folder / provider)
     pool.close()
@@ -256,8 +324,13 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "sync_s": round(sync_s, 2),
         "simulator_s": round(sim_s, 2),
         "per_page_overhead_ms": round((sync_s - sim_s) / max(pages, 1) * 1000, 2),
+        "route_s": round(route_s, 2),
         "apply_s": round(apply_s, 2),
         "tickets_per_s": round(drained.completed / apply_s, 1) if apply_s else None,
+        "noop_items_per_s": noop_per_s,
+        "apply_vs_noop": round(drained.completed / apply_s / noop_per_s, 3) if apply_s else None,
+        "first_sync_own_s": round(sync_s - sim_s + route_s + apply_s, 2),
+        "drain": DRAIN,
         "repoll_calls": repoll_calls,
         "repoll_issues_seen": repoll.totals["issues_seen"],
         "repoll_writes": repoll_writes,

@@ -1,7 +1,9 @@
 """The two ticket work types of the work queue and the receipt route that feeds one of them.
 
-* `ticket.observe` (from the poll's receipts): applies one issue version to custody,
-  observations and the ticket, in one transaction fenced by the work item's token.
+* `ticket.observe` (from the poll's receipts): applies a batch of issue versions to
+  custody, observations and tickets in one transaction with set-based statements, each
+  item fenced by its own token (an item whose lease is lost writes nothing and is
+  reported lost; the others commit).
 * `issue.close` (from an accepted proof): counts a dispatch durably before any
   provider call, runs the connector's comment-and-close through the core retry
   executor, and stores the one receipt. A later dispatch of the same command always
@@ -17,7 +19,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
@@ -34,10 +36,10 @@ from nexus_pipelines.connectors.core.values import (
     source_version_digest,
 )
 from nexus_pipelines.connectors.core.sweep import SWEPT_MARK
-from nexus_pipelines.tickets.intake import CustodyKey, apply_observation, open_sweep_gap_finding
+from nexus_pipelines.tickets.intake import CustodyKey, Observation, apply_observations, open_sweep_gap_finding
 from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
-from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence
-from nexus_pipelines.workqueue.handlers import Deferred, Handler, PermanentError, RetryLater
+from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence, lock_fences
+from nexus_pipelines.workqueue.handlers import Batched, BatchResult, Deferred, Handler, PermanentError, RetryLater
 from nexus_pipelines.workqueue.receipts import ClaimedReceipt, EventSpec, Route, WorkSpec
 
 OBSERVE_WORK_TYPE = "ticket.observe"
@@ -67,6 +69,24 @@ def _materialize_observation(receipt: ClaimedReceipt) -> list[EventSpec]:
 OBSERVATION_ROUTE = Route(OBSERVE_ROUTE[0], OBSERVE_ROUTE[1], _materialize_observation)
 
 
+def _observation(item: ClaimedItem) -> Observation:
+    """The issue version a `ticket.observe` item carries; PermanentError when it carries none."""
+    body = item.payload
+    try:
+        issue = ExternalIssue.model_validate_json(json.dumps(body["issue"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PermanentError(f"work item {item.work_id} carries no valid issue ({type(exc).__name__})") from None
+    if source_version_digest(issue) != body.get("digest"):
+        raise PermanentError(f"work item {item.work_id}: the issue does not match its source digest")
+    tenant, _, key = item.registration_id.partition("/")
+    try:
+        return Observation(CustodyKey(tenant, key, issue.external_ref), project=body["project"], issue=issue,
+                           digest=body["digest"], labels=list(body["labels"]), work_id=item.work_id,
+                           work_token=item.token)
+    except (KeyError, TypeError) as exc:
+        raise PermanentError(f"work item {item.work_id} carries no {exc} for its issue") from None
+
+
 @dataclass(frozen=True)
 class TicketHandlers:
     pool: ConnectionPool
@@ -75,29 +95,34 @@ class TicketHandlers:
     executor_factory: Callable[[], RetryExecutor] = RetryExecutor
 
     def as_dict(self) -> dict[str, Handler]:
-        return {OBSERVE_WORK_TYPE: self.observe, CLOSE_WORK_TYPE: self.close}
+        return {OBSERVE_WORK_TYPE: Batched(self.observe_batch), CLOSE_WORK_TYPE: self.close}
 
     # -- ticket.observe ---------------------------------------------------------------
 
-    def observe(self, item: ClaimedItem) -> str:
-        body = item.payload
-        try:
-            issue = ExternalIssue.model_validate_json(json.dumps(body["issue"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise PermanentError(f"work item {item.work_id} carries no valid issue ({type(exc).__name__})") from None
-        if source_version_digest(issue) != body.get("digest"):
-            raise PermanentError(f"work item {item.work_id}: the issue does not match its source digest")
-        tenant, _, key = item.registration_id.partition("/")
+    def observe(self, item: ClaimedItem) -> str | None:
+        return Batched(self.observe_batch)(item)
+
+    def observe_batch(self, items: Sequence[ClaimedItem]) -> list[BatchResult]:
+        results: list[BatchResult] = [LOST] * len(items)
+        valid: list[tuple[int, ClaimedItem, Observation]] = []
+        for n, item in enumerate(items):
+            try:
+                valid.append((n, item, _observation(item)))
+            except PermanentError as exc:
+                results[n] = exc
+        if not valid:
+            return results
         with self.pool.connection() as conn, conn.transaction():
-            if not lock_fence(conn, item):
-                return LOST
-            result = apply_observation(
-                conn, CustodyKey(tenant, key, issue.external_ref), project=body["project"], issue=issue,
-                digest=body["digest"], labels=list(body["labels"]), work_id=item.work_id, work_token=item.token,
-            )
-            if body.get(SWEPT_MARK):
-                open_sweep_gap_finding(conn, result.ticket_id, tenant=tenant, project=body["project"])
-        return result.outcome
+            held = lock_fences(conn, [item for _, item, _ in valid])
+            live = [(n, item, observation) for n, item, observation in valid if item.fence in held]
+            applied = apply_observations(conn, [observation for _, _, observation in live])
+            for (_, item, observation), result in zip(live, applied):
+                if item.payload.get(SWEPT_MARK):  # found by a reconciliation sweep, not by the scans
+                    open_sweep_gap_finding(conn, result.ticket_id, tenant=observation.key.tenant,
+                                           project=observation.project)
+        for (n, _, _), result in zip(live, applied):
+            results[n] = result.outcome
+        return results
 
     # -- issue.close ------------------------------------------------------------------
 

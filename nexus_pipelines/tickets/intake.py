@@ -1,4 +1,4 @@
-"""Applying one observed issue version to tickets: exact custody and replay-safe
+"""Applying observed issue versions to tickets: exact custody and replay-safe
 observations (docs/design/connector-contract.md, "Custody and observations").
 
 The first observation of an external reference creates exactly one ticket, its custody
@@ -10,10 +10,15 @@ ticket update, unless it is older than a version already observed (then only the
 observation is kept). Provider content is external and untrusted: it can change
 title, description, labels and the recorded source state, never the ticket's
 lifecycle, triage, priority or close eligibility.
+
+A drain applies a batch of versions with a few set-based statements in one transaction
+(`apply_observations`); versions of the same issue in one batch are applied in the given
+(lane) order, each one in a later round that sees what the earlier ones wrote.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from psycopg import Connection
@@ -42,100 +47,150 @@ class IntakeResult:
     ticket_id: int
 
 
-def apply_observation(
-    conn: Connection,
-    key: CustodyKey,
-    *,
-    project: str,
-    issue: ExternalIssue,
-    digest: str,
-    labels: list[str],
-    work_id: int,
-    work_token: int,
-) -> IntakeResult:
-    """Apply one issue version inside the caller's (fenced) transaction."""
-    if issue.external_ref != key.external_ref:
-        raise CustodyConflict(f"an observation of {issue.external_ref} was routed to custody of {key.external_ref}")
-    row = conn.execute(
-        """SELECT ticket_id FROM ticket_custody_links
-            WHERE tenant = %s AND registration_key = %s AND external_ref = %s""",
-        (key.tenant, key.registration_key, key.external_ref),
-    ).fetchone()
-    if row is None:
-        return IntakeResult("created", _create(conn, key, project, issue, digest, labels, work_id, work_token))
-    (ticket_id,) = row
-    if not _observe(conn, ticket_id, issue, digest, work_id, work_token):
-        return IntakeResult("unchanged", ticket_id)  # this exact version was observed before
-    (latest,) = conn.execute(
-        "SELECT max(source_updated_at) FROM ticket_observations WHERE ticket_id = %s", (ticket_id,)
-    ).fetchone()
-    if issue.external_updated_at < latest:
-        return IntakeResult("stale", ticket_id)  # kept as a fact, but the ticket shows the newest version
-    conn.execute(
-        """UPDATE tickets
-              SET title = %s, description = %s, labels = %s, source_state = %s, source_updated_at = %s,
-                  source_digest = %s, version = version + 1, updated_at = clock_timestamp()
-            WHERE ticket_id = %s""",
-        (issue.title, issue.description, labels, issue.external_state, issue.external_updated_at, digest, ticket_id),
-    )
-    return IntakeResult("updated", ticket_id)
+@dataclass(frozen=True)
+class Observation:
+    """One issue version to apply, with the work item (and its token) that carries it."""
+
+    key: CustodyKey
+    project: str
+    issue: ExternalIssue
+    digest: str
+    labels: list[str]
+    work_id: int
+    work_token: int
 
 
-_CREATE = """
-WITH ticket AS (
-    INSERT INTO tickets (tenant, project, title, description, labels, priority, triage_state, source_state,
-                         source_updated_at, source_digest)
-    VALUES (%(tenant)s, %(project)s, %(title)s, %(description)s, %(labels)s, %(priority)s, 'UNTRIAGED', %(state)s,
-            %(updated_at)s, %(digest)s)
-    RETURNING ticket_id
+def apply_observations(conn: Connection, observations: Sequence[Observation]) -> list[IntakeResult]:
+    """Apply issue versions, in order, inside the caller's (fenced) transaction; one result each."""
+    for o in observations:
+        if o.issue.external_ref != o.key.external_ref:
+            raise CustodyConflict(f"an observation of {o.issue.external_ref} was routed to custody of "
+                                  f"{o.key.external_ref}")
+    results: list[IntakeResult | None] = [None] * len(observations)
+    for round_ in _rounds(observations):
+        _apply_round(conn, [(n, observations[n]) for n in round_], results)
+    return results  # type: ignore[return-value] - every index belongs to one round
+
+
+def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
+    """Indexes split so no round holds one custody key twice: the k-th version of an issue goes
+    to round k, so later versions see the effects of earlier ones."""
+    rounds: list[list[int]] = []
+    seen: dict[CustodyKey, int] = {}
+    for n, o in enumerate(observations):
+        k = seen.get(o.key, 0)
+        seen[o.key] = k + 1
+        if k == len(rounds):
+            rounds.append([])
+        rounds[k].append(n)
+    return rounds
+
+
+def _apply_round(conn: Connection, batch: list[tuple[int, Observation]], results: list) -> None:
+    rows = [_row(n, o) for n, o in batch]
+    linked = dict(conn.execute(_LINKED, {"rows": Jsonb(rows)}).fetchall())
+    new = [r for r in rows if r["idx"] not in linked]
+    if new:
+        for idx, ticket_id in conn.execute(_CREATE, {"rows": Jsonb(new), "priority": DEFAULT_PRIORITY,
+                                                     "actor": INTAKE_ACTOR}):
+            results[idx] = IntakeResult("created", ticket_id)
+    known = [{**r, "ticket_id": linked[r["idx"]]} for r in rows if r["idx"] in linked]
+    if not known:
+        return
+    observed = {idx: updated for idx, updated in conn.execute(_OBSERVE, {"rows": Jsonb(known)})}
+    for r in known:
+        idx = r["idx"]
+        outcome = "unchanged" if idx not in observed else ("updated" if observed[idx] else "stale")
+        results[idx] = IntakeResult(outcome, r["ticket_id"])
+
+
+def _row(n: int, o: Observation) -> dict:
+    issue = o.issue
+    return {
+        "idx": n, "tenant": o.key.tenant, "key": o.key.registration_key, "ref": o.key.external_ref,
+        "project": o.project, "title": issue.title, "description": issue.description, "labels": o.labels,
+        "state": issue.external_state, "updated_at": issue.external_updated_at.isoformat(), "digest": o.digest,
+        "kind": issue.connector_kind, "url": issue.display_url, "work_id": o.work_id, "work_token": o.work_token,
+        "issue": issue.model_dump(mode="json"),
+    }
+
+
+# One JSON document per round (as the poll admits receipts): every column of every version.
+_INPUT = """
+SELECT d.* FROM jsonb_to_recordset(%(rows)s::jsonb)
+    AS d(idx int, tenant text, key text, ref text, project text, title text, description text, labels text[],
+         state text, updated_at timestamptz, digest text, kind text, url text, work_id bigint, work_token bigint,
+         issue jsonb, ticket_id bigint)
+"""
+
+_LINKED = f"""
+SELECT i.idx, l.ticket_id
+  FROM ({_INPUT}) i
+  JOIN ticket_custody_links l ON l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref
+"""
+
+# The first observation of each issue: the ticket, its custody link, the P2 and UNTRIAGED facts,
+# the triage finding and the observation, for the whole round in one statement. Ticket ids are
+# drawn up front so every row knows its own.
+_CREATE = f"""
+WITH input AS MATERIALIZED (
+    SELECT i.*, nextval(pg_get_serial_sequence('tickets', 'ticket_id')) AS new_id
+      FROM (SELECT * FROM ({_INPUT}) d ORDER BY d.idx) i
+), ticket AS (
+    INSERT INTO tickets (ticket_id, tenant, project, title, description, labels, priority, triage_state,
+                         source_state, source_updated_at, source_digest)
+    OVERRIDING SYSTEM VALUE
+    SELECT new_id, tenant, project, title, description, labels, %(priority)s, 'UNTRIAGED', state, updated_at, digest
+      FROM input ORDER BY idx
 ), link AS (
     INSERT INTO ticket_custody_links (tenant, registration_key, external_ref, ticket_id, connector_kind, display_url,
                                       linked_by_work_id)
-    SELECT %(tenant)s, %(key)s, %(ref)s, ticket_id, %(kind)s, %(url)s, %(work_id)s FROM ticket
+    SELECT tenant, key, ref, new_id, kind, url, work_id FROM input ORDER BY idx
 ), priority AS (
     INSERT INTO ticket_priority_facts (ticket_id, priority, prior_priority, actor, reason, recorded_at)
-    SELECT ticket_id, %(priority)s, NULL, %(actor)s, 'automatic default at intake; not an actor decision',
-           statement_timestamp() FROM ticket
+    SELECT new_id, %(priority)s, NULL, %(actor)s, 'automatic default at intake; not an actor decision',
+           statement_timestamp() FROM input ORDER BY idx
 ), triage AS (
     -- one timestamp for both intake facts: the CTEs run in no defined order
     INSERT INTO ticket_triage_facts (ticket_id, triage_state, actor, reason, recorded_at)
-    SELECT ticket_id, 'UNTRIAGED', %(actor)s, 'created by connector intake', statement_timestamp() FROM ticket
+    SELECT new_id, 'UNTRIAGED', %(actor)s, 'created by connector intake', statement_timestamp()
+      FROM input ORDER BY idx
 ), finding AS (
     INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
-    SELECT 'connector_triage_required', 'commander', %(tenant)s, %(project)s, ticket_id, %(actor)s FROM ticket
+    SELECT 'connector_triage_required', 'commander', tenant, project, new_id, %(actor)s FROM input ORDER BY idx
 ), observation AS (
     INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
                                      work_token)
-    SELECT ticket_id, %(ref)s, %(digest)s, %(updated_at)s, %(issue)s, %(work_id)s, %(work_token)s FROM ticket
+    SELECT new_id, ref, digest, updated_at, issue, work_id, work_token FROM input ORDER BY idx
 )
-SELECT ticket_id FROM ticket
+SELECT idx, new_id FROM input
 """
 
-
-def _create(conn: Connection, key: CustodyKey, project: str, issue: ExternalIssue, digest: str, labels: list[str],
-            work_id: int, work_token: int) -> int:
-    """The ticket, its custody link, the P2 and UNTRIAGED facts, the triage finding and the observation,
-    in one statement."""
-    (ticket_id,) = conn.execute(_CREATE, {
-        "tenant": key.tenant, "key": key.registration_key, "ref": key.external_ref, "project": project,
-        "title": issue.title, "description": issue.description, "labels": labels, "priority": DEFAULT_PRIORITY,
-        "state": issue.external_state, "updated_at": issue.external_updated_at, "digest": digest,
-        "kind": issue.connector_kind, "url": issue.display_url, "work_id": work_id, "work_token": work_token,
-        "actor": INTAKE_ACTOR, "issue": Jsonb(issue.model_dump(mode="json")),
-    }).fetchone()
-    return ticket_id
-
-
-def _observe(conn: Connection, ticket_id: int, issue: ExternalIssue, digest: str, work_id: int,
-             work_token: int) -> bool:
-    return conn.execute(
-        """INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
-                                            work_token)
-           VALUES (%s, %s, %s, %s, %s, %s, %s)
-           ON CONFLICT (ticket_id, source_digest) DO NOTHING""",
-        (ticket_id, issue.external_ref, digest, issue.external_updated_at, Jsonb(issue.model_dump(mode="json")),
-         work_id, work_token),
-    ).rowcount == 1
+# A known issue: append the observation unless this digest was observed before (unchanged:
+# nothing written), and update the ticket unless an observed version is newer (stale: only
+# the observation is kept). The update's snapshot holds the older observations only, which
+# is the comparison that matters: the new one carries this version's own time.
+_OBSERVE = f"""
+WITH input AS MATERIALIZED ({_INPUT}), inserted AS (
+    INSERT INTO ticket_observations (ticket_id, external_ref, source_digest, source_updated_at, issue, work_id,
+                                     work_token)
+    SELECT ticket_id, ref, digest, updated_at, issue, work_id, work_token FROM input ORDER BY idx
+    ON CONFLICT (ticket_id, source_digest) DO NOTHING
+    RETURNING ticket_id
+), updated AS (
+    UPDATE tickets t
+       SET title = i.title, description = i.description, labels = i.labels, source_state = i.state,
+           source_updated_at = i.updated_at, source_digest = i.digest, version = t.version + 1,
+           updated_at = clock_timestamp()
+      FROM input i JOIN inserted USING (ticket_id)
+     WHERE t.ticket_id = i.ticket_id
+       AND i.updated_at >= coalesce((SELECT max(o.source_updated_at) FROM ticket_observations o
+                                      WHERE o.ticket_id = i.ticket_id), '-infinity')
+    RETURNING t.ticket_id
+)
+SELECT i.idx, updated.ticket_id IS NOT NULL
+  FROM input i JOIN inserted USING (ticket_id) LEFT JOIN updated USING (ticket_id)
+"""
 
 
 SWEEP_GAP_FINDING = "connector_sweep_gap"

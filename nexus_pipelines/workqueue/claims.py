@@ -469,6 +469,28 @@ def lock_fence(conn: Connection, item: ClaimedItem) -> bool:
     return conn.execute(sql, params).fetchone() is not None
 
 
+_LOCK_WORK_ITEM_FENCES = f"""
+SELECT w.work_id, w.lease_token
+  FROM connector_work_items w
+  JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+    ON w.work_id = d.work_id AND w.lease_token = d.token
+ WHERE w.state = '{RUNNING}' AND w.lease_until > now()
+ ORDER BY w.work_id
+   FOR NO KEY UPDATE OF w
+"""
+
+
+def lock_fences(conn: Connection, items: Sequence[ClaimedItem]) -> set[tuple[int, int]]:
+    """`lock_fence` for a batch: the fences still held, each row locked until the transaction
+    ends (WorkItem-path items in one statement, in work_id order); a fence not returned is lost."""
+    work_items = [i for i in items if i.claim_path != EVENT_PATH]
+    held = {i.fence for i in items if i.claim_path == EVENT_PATH and lock_fence(conn, i)}
+    if work_items:
+        ids, tokens = _fence_arrays(i.fence for i in work_items)
+        held.update(conn.execute(_LOCK_WORK_ITEM_FENCES, {"ids": ids, "tokens": tokens}, prepare=True).fetchall())
+    return held
+
+
 def renew(conn: Connection, fences: Iterable[tuple[int, int]], lease_ttl: timedelta) -> set[int]:
     """Extend the leases still held; returns the work_ids renewed.
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from psycopg import Connection
 
 from nexus_pipelines.workqueue.claims import ClaimedItem, Failure
-from nexus_pipelines.workqueue.handlers import Deferred, HandlerRegistry, PermanentError, RetryLater
+from nexus_pipelines.workqueue.handlers import Batched, Deferred, HandlerRegistry, PermanentError, RetryLater
 from nexus_pipelines.workqueue.retry import RetryPolicy, summarize_exception
 from nexus_pipelines.workqueue.session import ControlSession
 
@@ -40,6 +40,24 @@ def run_handler(registry: HandlerRegistry, item: ClaimedItem) -> HandlerResult:
         return HandlerResult(item, registry[item.work_type](item))
     except BaseException as exc:  # noqa: BLE001 - every handler failure is recorded on the item
         return HandlerResult(item, error=exc)
+
+
+def run_batch(handler: Batched, items: list[ClaimedItem]) -> list[HandlerResult]:
+    """Run a batch handler over the items whose lease is still held; a failure of the whole
+    batch (its transaction) is every started item's failure."""
+    results = {item.fence: HandlerResult(item, started=False) for item in items if item.lease_lost.is_set()}
+    started = [item for item in items if item.fence not in results]
+    if started:
+        try:
+            answers = list(handler.apply(started))
+            if len(answers) != len(started):
+                raise RuntimeError(f"a batch handler answered {len(answers)} results for {len(started)} items")
+        except BaseException as exc:  # noqa: BLE001 - recorded on every item of the batch
+            answers = [exc] * len(started)
+        for item, answer in zip(started, answers):
+            results[item.fence] = (HandlerResult(item, error=answer) if isinstance(answer, BaseException)
+                                   else HandlerResult(item, answer))
+    return [results[item.fence] for item in items]
 
 
 def failure_for(item: ClaimedItem, exc: BaseException, policy: RetryPolicy) -> Failure:

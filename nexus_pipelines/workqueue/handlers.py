@@ -10,13 +10,19 @@ string (or None for "succeeded"); raising `PermanentError` dead-letters the item
 steps: the worker sets it when a renewal finds the lease gone, and from then on the
 item's result is discarded.
 
+A `Batched` handler takes a list of claimed items of its work type and returns one result
+per item (an outcome, or the exception that item failed with); the drain hands it every
+item of that type a claim brought (split over its threads), so it can apply them in one
+transaction, each fenced by its own token (`claims.lock_fences`). Called with one item it
+is an ordinary handler, so the Event path runs it unchanged.
+
 `NOOP` marks a work type whose handler does nothing: the worker completes such
 items straight from the claim, with the same fenced statements.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from nexus_pipelines.workqueue.claims import ClaimedItem
 
@@ -38,6 +44,22 @@ class RetryLater(Exception):
 class Deferred(RetryLater):
     """Nothing was sent (a provider's stated wait is in force): retry after `delay_s`, and
     the attempt is counted as unstarted, so it spends none of the item's attempt budget."""
+
+
+BatchResult = "str | None | BaseException"
+
+
+class Batched:
+    """A handler applied to many items at once: `apply(items)` returns one `BatchResult` per item, in order."""
+
+    def __init__(self, apply: Callable[[Sequence[ClaimedItem]], Sequence[BatchResult]]) -> None:
+        self.apply = apply
+
+    def __call__(self, item: ClaimedItem) -> str | None:
+        (result,) = self.apply([item])
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
 
 def _noop(item: ClaimedItem) -> None:

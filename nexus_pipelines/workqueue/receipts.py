@@ -51,9 +51,14 @@ class UnknownRoute(Exception):
     """No route for the receipt's route key (retried: the route may not be deployed yet)."""
 
 
-def payload_hash(body: Any) -> str:
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+def canonical_json(body: Any) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def payload_hash(body: Any, canonical: str | None = None) -> str:
+    """The body's hash; `canonical` is its `canonical_json` when the caller has it already."""
+    text = canonical_json(body) if canonical is None else canonical
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 class ReceiptIn(BaseModel):
@@ -120,7 +125,8 @@ def admit_receipt(conn: Connection, receipt: ReceiptIn) -> AdmitResult:
 
 
 # One JSON document per page: psycopg's text-array dumping escapes every element in Python,
-# which cost more than the insert itself for pages of issue bodies.
+# which cost more than the insert itself for pages of issue bodies. Each body is serialized
+# once (its canonical form, also hashed) and spliced into the document as it is.
 _ADMIT_MANY = """
 INSERT INTO ingress_receipts (registration_id, revision, namespace, delivery_id, route_key, event_kind,
                               received_at, correlation, body, payload_hash, max_routing_attempts)
@@ -146,14 +152,16 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
-    rows = [
-        {"registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
-         "delivery_id": r.delivery_id, "route_key": r.route_key, "event_kind": r.event_kind,
-         "received_at": r.received_at.isoformat(), "correlation": r.correlation, "body": r.body,
-         "payload_hash": payload_hash(r.body), "max_attempts": r.max_routing_attempts}
-        for r in receipts
-    ]
-    return [row[0] for row in conn.execute(_ADMIT_MANY, {"rows": Jsonb(rows)})]
+    rows = []
+    for r in receipts:
+        body = canonical_json(r.body)
+        fields = json.dumps({
+            "registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
+            "delivery_id": r.delivery_id, "route_key": r.route_key, "event_kind": r.event_kind,
+            "received_at": r.received_at.isoformat(), "correlation": r.correlation,
+            "payload_hash": payload_hash(r.body, body), "max_attempts": r.max_routing_attempts})
+        rows.append(f'{fields[:-1]},"body":{body}}}')
+    return [row[0] for row in conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})]
 
 
 # --- materialization specs -------------------------------------------------------------

@@ -7,7 +7,9 @@ renews all held leases in one statement on a second connection, and marks items
 whose renewal failed as lost (their `lease_lost` event is set and their results are
 discarded). Results are finalized in batches: one fenced statement completes every
 finished item, one records every failure; an item lost before its handler started
-is handed back as unstarted (so it counts as never dispatched).
+is handed back as unstarted (so it counts as never dispatched). The items of a
+`Batched` work type in one claim go to its handler as a few batches (up to one per
+handler thread), in claim order.
 
 Both connections are `ControlSession`s, both connected when the drain starts (the
 heartbeat's before its first beat): a Postgres
@@ -49,9 +51,10 @@ from nexus_pipelines.workqueue.execution import (
     StopRule,
     default_worker_id,
     failure_for,
+    run_batch,
     run_handler,
 )
-from nexus_pipelines.workqueue.handlers import HandlerRegistry
+from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy
 from nexus_pipelines.workqueue.session import ControlSession
 from nexus_pipelines.workqueue.states import COMPLETED, RUNNING
@@ -69,10 +72,11 @@ _PREFETCH_S = 0.05
 class _ClaimSizer:
     """How many items to claim and how many one pool task runs, from the handler speed."""
 
-    def __init__(self, claim_batch: int, concurrency: int, fast: bool) -> None:
+    def __init__(self, claim_batch: int, concurrency: int, fast: bool, batched: bool = False) -> None:
         self._batch = claim_batch
         self._concurrency = concurrency
         self._fast = fast
+        self._batched = batched
         self.per_item_s: float | None = None  # moving average handler time per item
 
     def room(self, inflight: int) -> int:
@@ -85,7 +89,18 @@ class _ClaimSizer:
         cap = 2 * self._concurrency
         if self.per_item_s is not None:
             cap = max(cap, min(4 * self._batch, int(_PREFETCH_S * self._concurrency / max(self.per_item_s, 1e-7))))
-        return max(min(self._batch, cap - inflight), 0)
+        room = max(min(self._batch, cap - inflight), 0)
+        # A batch costs mostly its transaction, not its items: topping up a few items at a
+        # time would make many small batches (and a per-item time that keeps them small),
+        # so a registry with batched work types claims only once half its room is free.
+        if self._batched and inflight and room < min(self._batch, cap) / 2:
+            return 0
+        return room
+
+    def batch_size(self, items: int) -> int:
+        """Items per batch: the claim spread over the handler threads, but never below a
+        thread's share of a full claim (a small top-up stays one batch)."""
+        return max(-(-items // self._concurrency), self._batch // self._concurrency, 1)
 
     def chunk(self, claimed: int) -> int:
         if self.per_item_s is None:
@@ -202,7 +217,8 @@ class Drain:
         self.report = DrainReport(worker_id=options["worker_id"] or default_worker_id())
         self._ttl = timedelta(seconds=options["lease_ttl_s"])
         self._stop = StopRule(options["stop_event"], options["time_budget_s"], options["max_items"])
-        self._sizer = _ClaimSizer(options["claim_batch"], options["concurrency"], self._fast)
+        self._sizer = _ClaimSizer(options["claim_batch"], options["concurrency"], self._fast,
+                                  batched=any(isinstance(h, Batched) for h in registry.values()))
         self._tick_every = max(min(options["lease_ttl_s"] / 2, 5.0), 0.05)
         self._results: queue.SimpleQueue = queue.SimpleQueue()
         self._inflight: dict[tuple[int, int], ClaimedItem] = {}  # by fence: an item can come back under a new token
@@ -332,11 +348,23 @@ class Drain:
         self._leases.hold(claimed)
         for item in claimed:
             self._inflight[item.fence] = item
-        size = self._sizer.chunk(len(claimed))
-        for start in range(0, len(claimed), size):
-            self._pool.submit(_run_chunk, self._registry, claimed[start : start + size]).add_done_callback(
-                lambda fut: self._results.put(fut.result())
-            )
+        batched: dict[str, list[ClaimedItem]] = {}
+        single: list[ClaimedItem] = []
+        for item in claimed:  # claim order, so each batch keeps the lanes' order
+            if isinstance(self._registry[item.work_type], Batched):
+                batched.setdefault(item.work_type, []).append(item)
+            else:
+                single.append(item)
+        for work_type, items in batched.items():
+            size = self._sizer.batch_size(len(items))
+            for start in range(0, len(items), size):
+                self._submit(_run_batch, self._registry[work_type], items[start : start + size])
+        size = self._sizer.chunk(len(single))
+        for start in range(0, len(single), size):
+            self._submit(_run_chunk, self._registry, single[start : start + size])
+
+    def _submit(self, run, *args) -> None:
+        self._pool.submit(run, *args).add_done_callback(lambda fut: self._results.put(fut.result()))
 
     def _collect(self, wait: float) -> None:
         chunks = []
@@ -364,6 +392,12 @@ class Drain:
 def _run_chunk(registry: HandlerRegistry, items: list[ClaimedItem]) -> tuple[list[HandlerResult], float]:
     started = time.perf_counter()
     results = [run_handler(registry, item) for item in items]
+    return results, (time.perf_counter() - started) / max(len(items), 1)
+
+
+def _run_batch(handler: Batched, items: list[ClaimedItem]) -> tuple[list[HandlerResult], float]:
+    started = time.perf_counter()
+    results = run_batch(handler, items)
     return results, (time.perf_counter() - started) / max(len(items), 1)
 
 

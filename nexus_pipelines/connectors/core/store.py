@@ -232,10 +232,8 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     """
     r = claim.registration
     with conn.transaction():
-        _hold(conn, claim)
-        by_delivery = {_delivery_id(v): v.external_ref for v in versions}
-        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, _delivery_id(v)) for v in versions])
-        conn.execute(
+        # the fenced cursor update first: it locks the progress row, so it is also the hold
+        advanced = conn.execute(
             """UPDATE connector_progress
                   SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
                       next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s)
@@ -244,10 +242,14 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
                       throttled_until = NULL,
                       pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
                 WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
-                  AND lease_token = %(token)s""",
+                  AND lease_token = %(token)s AND lease_until > now()""",
             {"cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
              "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
-        )
+        ).rowcount
+        if advanced != 1:
+            raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
+        by_delivery = {_delivery_id(v): v.external_ref for v in versions}
+        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, _delivery_id(v)) for v in versions])
     return [by_delivery[d] for d in admitted]
 
 

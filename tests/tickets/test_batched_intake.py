@@ -1,0 +1,138 @@
+"""ticket.observe applied in batches: each item fenced by its own token, versions of one issue
+in lane order, an unchanged re-observe writing nothing."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+from nexus_pipelines.connectors.core.values import ExternalIssue, source_version_digest
+from nexus_pipelines.tickets.handlers import LOST
+from nexus_pipelines.tickets.intake import CustodyKey, Observation, apply_observations
+from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry
+from nexus_pipelines.workqueue.worker import drain
+from tests.connectors.gitlab.harness import GitLabWorld
+from tests.connectors.support import NO_WAIT, Plant, counts
+
+
+def _claimed(plant, key: str, issues: int):
+    registration = plant.world.registration(key=key)
+    plant.activate(registration)
+    refs = plant.world.add_issues(issues)
+    plant.poll([registration])
+    plant.route()
+    with plant.pool.connection() as conn:
+        items = claims.claim_batch(conn, owner="batch-worker", limit=issues, lease_ttl=timedelta(seconds=30),
+                                   registration_ids=[registration.registration_id])
+    assert len(items) == issues
+    return registration, refs, sorted(items, key=lambda i: i.work_id)
+
+
+def _observation(item, **changes) -> Observation:
+    """The item's issue version, or another version of the same issue with `changes`."""
+    issue = ExternalIssue.model_validate_json(json.dumps({**item.payload["issue"], **changes}))
+    tenant, _, key = item.registration_id.partition("/")
+    return Observation(CustodyKey(tenant, key, issue.external_ref), project=item.payload["project"], issue=issue,
+                       digest=source_version_digest(issue), labels=list(item.payload["labels"]),
+                       work_id=item.work_id, work_token=item.token)
+
+
+def _tickets(conn, registration):
+    return conn.execute(
+        """SELECT l.external_ref, t.title, t.version, t.updated_at FROM tickets t
+             JOIN ticket_custody_links l USING (ticket_id)
+            WHERE l.tenant = %s AND l.registration_key = %s ORDER BY l.external_ref""",
+        (registration.tenant, registration.key)).fetchall()
+
+
+def test_a_lost_item_in_a_batch_writes_nothing_and_the_others_commit(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, items = _claimed(plant, "batch-lost", 3)
+    with pool.connection() as conn:
+        conn.execute("UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE work_id = %s",
+                     (items[1].work_id,))
+    assert plant.handlers.observe_batch(items) == ["created", LOST, "created"]
+    with pool.connection() as conn:
+        linked = {r[0] for r in conn.execute(
+            "SELECT external_ref FROM ticket_custody_links WHERE tenant = %s AND registration_key = %s",
+            (registration.tenant, registration.key))}
+        assert counts(conn, registration)["observations"] == 2
+    assert linked == {items[0].payload["issue"]["external_ref"], items[2].payload["issue"]["external_ref"]}
+
+
+def test_a_batch_drained_with_one_item_lost_reports_it_lost_and_completes_the_others(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="batch-drain-lost")
+    plant.activate(registration)
+    plant.world.add_issues(5)
+    plant.poll([registration])
+    plant.route()
+    handlers = plant.handlers
+
+    def losing_one(items):  # the lease of the first item of the batch ends before it is applied
+        with pool.connection() as conn:
+            conn.execute("UPDATE connector_work_items SET lease_until = now() - interval '1 second'"
+                         " WHERE work_id = %s", (min(i.work_id for i in items),))
+        return handlers.observe_batch(items)
+
+    registry = HandlerRegistry({**handlers.as_dict(), "ticket.observe": Batched(losing_one)})
+    report = drain(pool, registry, registration_ids=[registration.registration_id], retry_policy=NO_WAIT,
+                   time_budget_s=30, concurrency=1, claim_batch=5, max_items=5)
+    with pool.connection() as conn:
+        assert counts(conn, registration)["tickets"] == report.completed
+    assert report.lost >= 1 and report.completed >= 1
+    assert report.lost + report.completed == report.claimed
+
+
+def test_two_versions_of_one_issue_in_one_batch_apply_in_lane_order(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, (item,) = _claimed(plant, "batch-lanes", 1)
+    first = _observation(item)
+    later = first.issue.external_updated_at + timedelta(minutes=1)
+    second = _observation(item, title="Second version", external_updated_at=later.isoformat())
+    with pool.connection() as conn, conn.transaction():
+        outcomes = [r.outcome for r in apply_observations(conn, [first, second])]
+    assert outcomes == ["created", "updated"]
+    with pool.connection() as conn:
+        ((_, title, version, _),) = _tickets(conn, registration)
+        assert counts(conn, registration)["observations"] == 2
+    assert (title, version) == ("Second version", 2)
+
+
+def test_an_older_version_after_a_newer_one_in_one_batch_is_kept_but_stale(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, (item,) = _claimed(plant, "batch-stale", 1)
+    newer = _observation(item, title="Newer",
+                         external_updated_at=(_observation(item).issue.external_updated_at
+                                              + timedelta(minutes=1)).isoformat())
+    with pool.connection() as conn, conn.transaction():
+        outcomes = [r.outcome for r in apply_observations(conn, [newer, _observation(item)])]
+    assert outcomes == ["created", "stale"]
+    with pool.connection() as conn:
+        ((_, title, version, _),) = _tickets(conn, registration)
+        assert counts(conn, registration)["observations"] == 2
+    assert (title, version) == ("Newer", 1)
+
+
+def test_an_unchanged_re_observe_in_a_batch_writes_nothing_beside_new_and_changed_issues(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, items = _claimed(plant, "batch-unchanged", 3)
+    with pool.connection() as conn, conn.transaction():
+        apply_observations(conn, [_observation(i) for i in items[:2]])
+    with pool.connection() as conn:
+        before, tickets_before = counts(conn, registration), _tickets(conn, registration)
+    changed = _observation(items[1], title="Changed")
+    with pool.connection() as conn, conn.transaction():
+        outcomes = [r.outcome for r in apply_observations(conn, [_observation(items[0]), changed,
+                                                                 _observation(items[2])])]
+    assert outcomes == ["unchanged", "updated", "created"]
+    with pool.connection() as conn, conn.transaction():
+        again = [r.outcome for r in apply_observations(conn, [_observation(items[0]), changed])]
+    assert again == ["unchanged", "unchanged"]
+    with pool.connection() as conn:
+        after, tickets_after = counts(conn, registration), _tickets(conn, registration)
+    assert after["tickets"] == before["tickets"] + 1
+    assert after["observations"] == before["observations"] + 2
+    assert tickets_after[0] == tickets_before[0]  # the unchanged issue: same title, version and updated_at
+    assert tickets_after[1][1:3] == ("Changed", tickets_before[1][2] + 1)
