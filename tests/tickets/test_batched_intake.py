@@ -12,8 +12,9 @@ from nexus_pipelines.tickets.intake import CustodyKey, Observation, apply_observ
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry
 from nexus_pipelines.workqueue.worker import drain
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import NO_WAIT, Plant, counts
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import NO_WAIT, Plant
+from tests.connectors.support import counts
 
 
 def _claimed(plant, key: str, issues: int):

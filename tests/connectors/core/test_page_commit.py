@@ -4,8 +4,8 @@ the page size: no round trip per issue."""
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.registry import REGISTRY
-from tests.connectors.gitlab.harness import GitLabWorld
-from tests.connectors.support import Plant, executor
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
+from nexus_pipelines.local.worlds.plant import Plant, executor
 
 
 class CountingConnection:
