@@ -154,7 +154,7 @@ class BenchFailure(SystemExit):
 def _drain_all(pool, registry, registration_id: str, phase: str):
     """Drain the registration's queue to empty with the bench's drain, or fail naming what is left."""
     from nexus_pipelines.workqueue.worker import drain
-    from tests.connectors.support import NO_WAIT
+    from nexus_pipelines.local.worlds.plant import NO_WAIT
 
     report = drain(pool, registry, registration_ids=[registration_id], retry_policy=NO_WAIT,
                    time_budget_s=DRAIN_BUDGET_S, **DRAIN)

@@ -24,6 +24,7 @@ from nexus_pipelines.workqueue.session import when_reachable
 from nexus_pipelines.workqueue.worker import default_worker_id, drain
 
 DRAIN_TAG = "nexus/queue-drain"
+HEALTH_WAIT_S = 30.0  # how long the closing health read waits for the control plane
 EVENT_PATH_TAG = "nexus/event-path"
 ROUTER_TAG = "nexus/receipt-router"
 
@@ -104,8 +105,12 @@ def _outages(report) -> str:
 
 
 def _observe(context: OpExecutionContext, control_plane: ControlPlaneResource, summary: dict, key: str) -> dict:
-    with control_plane.connection() as conn:
-        health = stats.queue_health(conn, include_totals=False)
+    def read_health():
+        # a pooled connection may have died in an outage the run just waited out: another is asked for
+        with control_plane.connection() as conn:
+            return stats.queue_health(conn, include_totals=False)
+
+    health = when_reachable(read_health, give_up_at=time.monotonic() + HEALTH_WAIT_S, on_outage=context.log.warning)
     context.log_event(health_observation(health, **{key: summary}))
     context.add_output_metadata({k: v for k, v in summary.items() if isinstance(v, (int, float, str))})
     return summary

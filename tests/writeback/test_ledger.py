@@ -43,7 +43,8 @@ def test_the_ledger_tables_have_their_documented_columns(control_conn):
         "error_message", "updated_at"]
     assert cols("outbound_record_attempts") == [
         "attempted_at", "job_name", "run_id", "batch_id", "external_id", "payload_hash", "attempt_number", "status",
-        "crm_record_id", "http_status", "error_code", "error_message", "duration_ms"]
+        "crm_record_id", "http_status", "error_code", "error_message", "duration_ms",
+        "recorded_xid"]  # the transaction that recorded the attempt: the ledger export's incremental mark
 
 
 def test_batch_commit_writes_attempts_and_states_in_one_transaction(ledger, control_conn):
