@@ -10,6 +10,11 @@ background thread; modules isolate themselves with their own dataset names.
 from __future__ import annotations
 
 import os
+
+# gRPC (loaded by Dagster) installs fork handlers; a test that forks a child with a
+# pre-exec step (pg_ctl run as the server's user) while gRPC threads run can see that child
+# die with SIGSEGV before it execs. Its fork support is not needed in tests.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
 import uuid
 from collections.abc import Iterator
 from pathlib import Path

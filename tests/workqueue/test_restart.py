@@ -51,13 +51,18 @@ class _RestartingHandler:
         self.server, self.dsn, self.at, self.down_s = server, dsn, at, down_s
         self.calls = 0
         self.lock = threading.Lock()
+        self.restart_error: BaseException | None = None
 
     def __call__(self, item) -> str:
         with self.lock:
             self.calls += 1
             restart = self.calls == self.at
         if restart:
-            restart_postgres(self.server, self.down_s)
+            try:
+                restart_postgres(self.server, self.down_s)
+            except BaseException as exc:  # the test's own restart failed: say so, not "no outage"
+                self.restart_error = exc
+                raise
         with connect(self.dsn) as conn, conn.transaction():
             if claims.lock_fence(conn, item):
                 conn.execute("INSERT INTO restart_effects VALUES (%s, %s) ON CONFLICT DO NOTHING",
@@ -89,6 +94,7 @@ def test_a_drain_reconnects_after_a_postgres_restart_and_loses_or_doubles_no_ite
     report = drain(dsn, HandlerRegistry({"t": handler}), registration_ids=[reg], concurrency=4, claim_batch=20,
                    time_budget_s=60, retry_policy=FAST, on_outage=outages.append)
 
+    assert handler.restart_error is None, f"the test could not restart Postgres: {handler.restart_error}"
     assert report.outages >= 1 and report.outage_s > 0
     assert any("connection lost" in m for m in outages) and any("reconnected after" in m for m in outages)
     states, effects = _outcome(dsn, reg)
