@@ -29,6 +29,7 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorAttempt,
     ConnectorReceipt,
     FetchFailure,
+    first_error,
 )
 from nexus_pipelines.integrations.http import ENDPOINT, BodyTooLarge, EgressRefused, GateClosed, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
@@ -229,3 +230,13 @@ def served_at(response: httpx.Response) -> datetime | None:
 def body_is_truncated(exc: ValidationError) -> bool:
     """A 2xx body that is not complete JSON: the transport failed, not the schema."""
     return any(e["type"] == "json_invalid" for e in exc.errors())
+
+
+def unreadable_body(exc: ValidationError, what: str) -> FetchFailure:
+    """The failure for a 2xx body the strict model refused: a cut body is the transport's
+    (`transport_protocol`, retried), anything else the payload's (`invalid_payload`)."""
+    if body_is_truncated(exc):
+        return FetchFailure(retry_class="retryable", reason="transport_protocol",
+                            detail=f"{what}: the response body is not complete JSON")
+    return FetchFailure(retry_class="terminal", reason="invalid_payload",
+                        detail=f"{what}: {first_error(exc)}"[:300])

@@ -31,10 +31,10 @@ from nexus_pipelines.connectors.github.adapter import KIND, GitHubConnector, _Is
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
-    body_is_truncated,
     fetch_failure,
     next_link,
     served_at,
+    unreadable_body,
 )
 from nexus_pipelines.integrations.http import origin_of
 
@@ -46,12 +46,6 @@ _ONE = TypeAdapter(dict)
 def _invalid(detail: str) -> FetchFailure:
     return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
 
-
-def _unreadable(exc: ValidationError, what: str) -> FetchFailure:
-    if body_is_truncated(exc):
-        return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                            detail=f"{what}: the response body is not complete JSON")
-    return _invalid(f"{what}: {first_error(exc)}")
 
 
 class GitHubSweep:
@@ -87,7 +81,7 @@ class GitHubSweep:
             raw = _ITEMS.validate_json(response.content)
             items = [(_Item.model_validate(d), "pull_request" in d) for d in raw]
         except ValidationError as exc:
-            return _unreadable(exc, "listing issues for the sweep")
+            return unreadable_body(exc, "listing issues for the sweep")
         repository = self._c._config.repository_id
         identities = tuple(IssueIdentity(external_ref=f"{KIND}:{repository}:{item.number}",
                                          external_updated_at=item.updated_at) for item, pull in items if not pull)
@@ -128,7 +122,7 @@ class GitHubSweep:
             data = _ONE.validate_json(response.content)
             item = _Issue.model_validate(data)
         except ValidationError as exc:
-            return _unreadable(exc, f"reading issue {number}")
+            return unreadable_body(exc, f"reading issue {number}")
         if str(item.number) != number:
             return _invalid(f"reading issue {number}: GitHub answered with issue {item.number}")
         if "pull_request" in data:

@@ -37,10 +37,10 @@ from nexus_pipelines.connectors.gitlab.cursor import format_time
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
-    body_is_truncated,
     fetch_failure,
     next_link,
     served_at,
+    unreadable_body,
 )
 from nexus_pipelines.connectors.scan_cursor import is_keyset_link
 from nexus_pipelines.integrations.http import origin_of
@@ -91,10 +91,7 @@ class GitLabSweep:
         try:
             raw = _LISTED.validate_json(response.content)
         except ValidationError as exc:
-            if body_is_truncated(exc):
-                return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                                    detail="listing issues for the sweep: the response body is not complete JSON")
-            return _invalid(f"listing issues for the sweep: {first_error(exc)}")
+            return unreadable_body(exc, "listing issues for the sweep")
         return self._page(raw, response, path, request.page_size)
 
     def _page(self, raw: list[_Listed], response: httpx.Response, path: str, page_size: int) -> ListIdentitiesResult:
@@ -142,10 +139,7 @@ class GitLabSweep:
         try:
             item = _ONE_ISSUE.validate_json(response.content)
         except ValidationError as exc:
-            if body_is_truncated(exc):
-                return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                                    detail=f"reading issue {iid}: the response body is not complete JSON")
-            return _invalid(f"reading issue {iid}: {first_error(exc)}")
+            return unreadable_body(exc, f"reading issue {iid}")
         if item.project_id != self._c._project or str(item.iid) != iid:
             return _invalid(f"reading issue {iid}: GitLab answered with issue {item.iid} of project {item.project_id}")
         if item.issue_type not in self._c._config.issue_types:

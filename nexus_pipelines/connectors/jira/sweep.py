@@ -34,10 +34,10 @@ from nexus_pipelines.connectors.jira.payloads import Issue, IssueType
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
-    body_is_truncated,
     fetch_failure,
     send,
     served_at,
+    unreadable_body,
 )
 
 PREFIX = "jis1;"
@@ -69,12 +69,6 @@ def _invalid(detail: str) -> FetchFailure:
     return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
 
 
-def _unreadable(exc: ValidationError, what: str) -> FetchFailure:
-    if body_is_truncated(exc):
-        return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                            detail=f"{what}: the response body is not complete JSON")
-    return _invalid(f"{what}: {first_error(exc)}")
-
 
 class JiraSweep:
     def __init__(self, connector: JiraConnector) -> None:
@@ -97,7 +91,7 @@ class JiraSweep:
         try:
             raw = _Listing.model_validate_json(response.content)
         except ValidationError as exc:
-            return _unreadable(exc, "searching issues for the sweep")
+            return unreadable_body(exc, "searching issues for the sweep")
         token = raw.nextPageToken
         if raw.isLast is not None and raw.isLast != (token is None):
             return _invalid("searching issues for the sweep: isLast contradicts nextPageToken")
@@ -130,7 +124,7 @@ class JiraSweep:
             item = Issue.model_validate_json(response.content)
             listed = _Listed.model_validate_json(response.content)
         except ValidationError as exc:
-            return _unreadable(exc, f"reading issue {issue_id}")
+            return unreadable_body(exc, f"reading issue {issue_id}")
         if item.id != issue_id:
             return _invalid(f"reading issue {issue_id}: Jira answered with issue {item.id}")
         if item.fields.project.id != str(self._c._config.project_id):
