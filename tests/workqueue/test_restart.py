@@ -195,11 +195,12 @@ def test_an_outage_before_the_heartbeats_first_beat_is_waited_out_not_fatal(own_
     reg = "heartbeat-down"
     _queue(dsn, reg, 5)
     # The first handler stops Postgres at once and keeps it down past the heartbeat's first
-    # beat (a third of the 6 s lease), but not past the lease itself.
-    handler = _RestartingHandler(server, dsn, at=1, down_s=3.0)
+    # beat (half the lease, at most 5 s), but not past the 14 s lease itself, even with the
+    # seconds a stop and start take on a busy machine (a 6 s lease lost items to a slow restart).
+    handler = _RestartingHandler(server, dsn, at=1, down_s=6.0)
     outages: list[str] = []
     report = drain(dsn, HandlerRegistry({"t": handler}), registration_ids=[reg], concurrency=1, claim_batch=5,
-                   lease_ttl_s=6, time_budget_s=60, retry_policy=FAST, on_outage=outages.append, idle_exit=True)
+                   lease_ttl_s=14, time_budget_s=60, retry_policy=FAST, on_outage=outages.append, idle_exit=True)
     assert any("(heartbeat): connection lost" in m for m in outages)
     assert report.lost == 0 and report.completed + report.retried == 5
     states, _ = _outcome(dsn, reg)
