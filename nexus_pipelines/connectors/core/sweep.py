@@ -89,8 +89,7 @@ class SweepReport:
         """The one line the CLI prints and the job logs."""
         tail = f" ({self.detail})" if self.detail else ""
         return (f"{self.registration_id} sweep {self.outcome}: listed {self.listed}, gaps {len(self.gaps)}, "
-                f"re-observed {len(self.reobserved)}, calls {self.calls} ({self.unchanged_pages} pages unchanged)"
-                f"{tail}")
+                f"re-observed {len(self.reobserved)}, calls {self.calls}, unchanged pages {self.unchanged_pages}{tail}")
 
     def as_dict(self) -> dict:
         return {**asdict(self), "gaps": len(self.gaps), "reobserved": len(self.reobserved)}
