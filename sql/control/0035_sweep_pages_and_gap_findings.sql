@@ -1,3 +1,5 @@
+-- Conditional sweep listings, and every sweep gap on the Attention page.
+--
 -- Conditional sweep listings: each listing page a sweep read from a provider that offers
 -- conditional requests (GitHub's ETag), with the page's validator and what the page listed.
 -- The next sweep sends the validator; a 304 means the page is the one stored here, so the
@@ -23,3 +25,22 @@ CREATE TABLE connector_sweep_pages (
 
 -- How many of a sweep's pages the provider answered "not modified".
 ALTER TABLE connector_sweeps ADD COLUMN unchanged_pages integer NOT NULL DEFAULT 0 CHECK (unchanged_pages >= 0);
+
+-- Every re-observed gap is an Attention finding for its project's commander, on any ticket:
+-- one per re-observed version (the `ticket.observe` work item that applied it), so a second
+-- gap on a ticket is a second finding. Triage resolves the gap findings of an untriaged
+-- ticket; on any ticket the commander resolves them with `acknowledge_sweep_gap`.
+ALTER TABLE attention_findings DROP CONSTRAINT attention_findings_ticket_id_kind_key;
+ALTER TABLE attention_findings ADD COLUMN work_id bigint;  -- for a sweep gap: the work item that re-observed it
+CREATE UNIQUE INDEX attention_findings_one_triage ON attention_findings (ticket_id)
+    WHERE kind = 'connector_triage_required';
+CREATE UNIQUE INDEX attention_findings_one_per_gap ON attention_findings (work_id)
+    WHERE kind = 'connector_sweep_gap';
+CREATE INDEX attention_findings_ticket ON attention_findings (ticket_id, finding_id);
+
+ALTER TABLE attention_resolutions DROP CONSTRAINT attention_resolutions_disposition_check;
+ALTER TABLE attention_resolutions ADD CONSTRAINT attention_resolutions_disposition_check
+    CHECK (disposition IN ('ACCEPTED', 'DUPLICATE', 'REJECTED', 'ACKNOWLEDGED'));
+ALTER TABLE ticket_commands DROP CONSTRAINT ticket_commands_command_check;
+ALTER TABLE ticket_commands ADD CONSTRAINT ticket_commands_command_check
+    CHECK (command IN ('triage_connector_ticket', 'set_connector_ticket_priority', 'acknowledge_sweep_gap'));
