@@ -73,7 +73,7 @@ def test_a_repository_that_lost_its_last_pages_forgets_them(plant, pool, world, 
                             (registration.revision_id,)).fetchone()[0]
     assert kept == 3
     for ref in refs[100:]:
-        world.state.repositories[world.repository_id].issues.pop(int(ref.rsplit(":", 1)[1]))
+        world.delete_issue(ref)
 
     again = plant.sweep(registration, bounds=JUDGE_ALL)
     assert (again.pages, again.unchanged_pages, again.listed) == (2, 1, 100)
