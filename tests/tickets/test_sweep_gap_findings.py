@@ -16,7 +16,7 @@ from nexus_pipelines.tickets.authority import CommandRefused, NotAuthorized
 from nexus_pipelines.tickets.board import attention_items
 from tests.tickets.support import acknowledge, ingest, sweep_gap, triage
 
-_worlds = iter(range(PROJECT_ID + 3000, PROJECT_ID + 4000))
+_worlds = iter(range(PROJECT_ID + 6000, PROJECT_ID + 7000))
 
 
 @pytest.fixture
