@@ -360,7 +360,8 @@ def _sweep_once(plant, registration, timed) -> dict:
     seconds = time.perf_counter() - started
     calls = {op: n - before.get(op, 0) for op, n in timed.calls.items() if n - before.get(op, 0)}
     return {"outcome": report.outcome, "listed": report.listed, "gaps": len(report.gaps),
-            "reobserved": len(report.reobserved), "pages": report.pages, "unchanged_pages": report.unchanged_pages, "calls": sum(v for k, v in calls.items() if k != "token"),
+            "reobserved": len(report.reobserved), "pages": report.pages, "unchanged_pages": report.unchanged_pages,
+            "calls": sum(v for k, v in calls.items() if k != "token"),
             "calls_by_operation": calls, "sweep_s": round(seconds, 2), "refs": [g.external_ref for g in report.gaps]}
 
 
@@ -388,8 +389,8 @@ def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
     found = set(lossy.pop("refs")) & set(dropped)
     complete.pop("refs")
     repeat.pop("refs")
-    return {"complete": complete, "repeat": repeat, "dropped": len(dropped), "found": len(found), "reobserved": lossy["reobserved"],
-            "restored": restored, "calls": lossy["calls"], "lossy": lossy}
+    return {"complete": complete, "repeat": repeat, "dropped": len(dropped), "found": len(found),
+            "reobserved": lossy["reobserved"], "restored": restored, "calls": lossy["calls"], "lossy": lossy}
 
 
 def _offset_world(provider: str):
