@@ -14,9 +14,11 @@ simulator in process (its time is measured at the transport and subtracted):
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back;
 4. the reconciliation sweep: once over the complete intake (`sweep_calls_per_10k`: its
-   provider calls scaled to 10,000 issues), then after 1% of the tickets were dropped from
-   custody (their custody and observation rows deleted): how many it found, re-observed
-   and restored after a drain, and what it cost;
+   provider calls scaled to 10,000 issues), once more with nothing changed
+   (`sweep_repeat_calls`, and `sweep_repeat_304s`: the pages answered "not modified" to the
+   validator the first sweep kept, GitHub only), then after 1% of the tickets were dropped
+   from custody (their custody and observation rows deleted): how many it found,
+   re-observed and restored after a drain, and what it cost;
 5. the poll sensor's evaluation with 100 due registrations on a Postgres-backed Dagster instance;
 6. the cost of a shift (`shift_rescan_calls`): on offset pages (GitLab without keyset, GitHub
    `page=` links, Jira page tokens holding an offset), a tie run of 250 and a tail read in
@@ -341,6 +343,8 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
         "sweep_calls_per_10k": round(swept["complete"]["calls"] * 10_000 / max(args.issues, 1), 1),
+        "sweep_repeat_calls": swept["repeat"]["calls"],
+        "sweep_repeat_304s": swept["repeat"]["unchanged_pages"],
         "sweep": swept,
     }
     result.update(shift_rescan_run(provider))
@@ -356,15 +360,19 @@ def _sweep_once(plant, registration, timed) -> dict:
     seconds = time.perf_counter() - started
     calls = {op: n - before.get(op, 0) for op, n in timed.calls.items() if n - before.get(op, 0)}
     return {"outcome": report.outcome, "listed": report.listed, "gaps": len(report.gaps),
-            "reobserved": len(report.reobserved), "calls": sum(v for k, v in calls.items() if k != "token"),
+            "reobserved": len(report.reobserved), "pages": report.pages, "unchanged_pages": report.unchanged_pages,
+            "calls": sum(v for k, v in calls.items() if k != "token"),
             "calls_by_operation": calls, "sweep_s": round(seconds, 2), "refs": [g.external_ref for g in report.gaps]}
 
 
 def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
-    """A sweep of the complete intake, then one after every `drop_every`-th ticket lost its
-    custody and observations (the append-only triggers are bypassed, as only a restore from
-    an old backup could), then the drain that restores them."""
+    """A sweep of the complete intake, the same sweep again with nothing changed, then one
+    after every `drop_every`-th ticket lost its custody and observations (the append-only
+    triggers are bypassed, as only a restore from an old backup could), then the drain that
+    restores them."""
     complete = _sweep_once(plant, registration, timed)
+    repeat = _sweep_once(plant, registration, timed)
+    _expect("the repeated sweep", "gaps", repeat["gaps"], 0)
     with pool.connection() as conn, conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
         dropped = [r[0] for r in conn.execute(
@@ -380,8 +388,9 @@ def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
                   AND external_ref = ANY(%s)""", (registration.tenant, registration.key, dropped)).fetchone()
     found = set(lossy.pop("refs")) & set(dropped)
     complete.pop("refs")
-    return {"complete": complete, "dropped": len(dropped), "found": len(found), "reobserved": lossy["reobserved"],
-            "restored": restored, "calls": lossy["calls"], "lossy": lossy}
+    repeat.pop("refs")
+    return {"complete": complete, "repeat": repeat, "dropped": len(dropped), "found": len(found),
+            "reobserved": lossy["reobserved"], "restored": restored, "calls": lossy["calls"], "lossy": lossy}
 
 
 def _offset_world(provider: str):

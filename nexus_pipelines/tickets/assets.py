@@ -83,8 +83,8 @@ def triage_age_check(registration_ids: Iterable[str], max_age_hours: float):
         return None
     limit_s = int(max_age_hours * 3600)
     specs = [AssetCheckSpec(TRIAGE_AGE_CHECK, asset=tickets_asset_key(rid),
-                            description=f"No connector ticket waits for triage longer than {max_age_hours:g} h "
-                                        "(NEXUS_TRIAGE_MAX_AGE_HOURS).") for rid in ids]
+                            description=f"No Attention finding (a triage, a sweep gap) waits for its owner longer "
+                                        f"than {max_age_hours:g} h (NEXUS_TRIAGE_MAX_AGE_HOURS).") for rid in ids]
 
     @multi_asset_check(specs=specs, name="tickets_triage_age", description="Warn while triage waits too long.")
     def check(control_plane: ControlPlaneResource):
@@ -98,7 +98,7 @@ def triage_age_check(registration_ids: Iterable[str], max_age_hours: float):
                 severity=AssetCheckSeverity.WARN,
                 metadata={"unresolved_findings": MetadataValue.int(found.unresolved if found else 0),
                           "oldest_waiting_s": MetadataValue.int(oldest), "max_age_s": MetadataValue.int(limit_s)},
-                description=(f"{found.unresolved} tickets wait for triage, the oldest for {oldest // 3600} h"
-                             if found else "no ticket waits for triage"))
+                description=(f"{found.unresolved} Attention findings wait for their owner, the oldest for "
+                             f"{oldest // 3600} h" if found else "no Attention finding waits"))
 
     return check

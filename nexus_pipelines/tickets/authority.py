@@ -1,7 +1,7 @@
 """Who may do what to connector tickets: the one rule (docs/design/triage-authority.md).
 
-Only a project's commander triages its tickets; its commander or an operator of it sets
-their priority. The role is the principal's live membership of the ticket's project,
+Only a project's commander triages its tickets and acknowledges their sweep gaps; its
+commander or an operator of it sets their priority. The role is the principal's live membership of the ticket's project,
 read inside the command's transaction: never a role the caller names, a hidden field or
 what a page rendered. The pages ask `allowed_actions` only to decide which controls to
 show; the command asks `authorize` again when it runs.
@@ -15,7 +15,8 @@ from nexus_pipelines.actors.store import Principal, role_in
 
 TRIAGE = "triage"
 PRIORITY = "priority"
-MAY = {TRIAGE: ("commander",), PRIORITY: ("commander", "operator")}
+ACKNOWLEDGE = "acknowledge"
+MAY = {TRIAGE: ("commander",), PRIORITY: ("commander", "operator"), ACKNOWLEDGE: ("commander",)}
 
 
 class CommandRefused(RuntimeError):

@@ -98,6 +98,22 @@ def board_lanes(conn: Connection, memberships: list[Membership], *, triage: str 
     return lanes
 
 
+# What each finding means and what resolves it, as the pages say it.
+FINDING_MEANING = {
+    "connector_triage_required": "a new connector ticket waits for triage",
+    "connector_sweep_gap": "the incremental scans missed this version; the reconciliation sweep found and "
+                           "re-observed it",
+}
+
+
+def resolved_by(kind: str, triage_state: str) -> str:
+    if kind == "connector_triage_required":
+        return "the commander's triage"
+    if triage_state == "UNTRIAGED":
+        return "the commander's triage or acknowledgement"
+    return "the commander's acknowledgement"
+
+
 @dataclass(frozen=True)
 class AttentionItem:
     finding_id: int
@@ -108,14 +124,23 @@ class AttentionItem:
     title: str
     triage_state: str
     priority: str
+    status: str
     opened_at: Any
     age_s: int
+
+    @property
+    def meaning(self) -> str:
+        return FINDING_MEANING[self.kind]
+
+    @property
+    def resolved_by(self) -> str:
+        return resolved_by(self.kind, self.triage_state)
 
 
 def attention_items(conn: Connection, memberships: list[Membership]) -> list[AttentionItem]:
     rows = conn.execute(
         f"""SELECT f.finding_id, f.kind, f.owner_role, f.tenant || '/' || f.project, t.ticket_id, t.title,
-                   t.triage_state, t.priority, f.opened_at, {_AGE.format('f.opened_at')}
+                   t.triage_state, t.priority, t.status, f.opened_at, {_AGE.format('f.opened_at')}
               FROM attention_findings f JOIN tickets t USING (ticket_id)
              WHERE {_IN_SCOPE}
                AND NOT EXISTS (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)

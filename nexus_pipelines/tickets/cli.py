@@ -63,11 +63,11 @@ def show_cmd(ticket_id: int, as_json: bool) -> None:
     click.echo(f"  source {detail['external_ref']} ({detail['display_url']}), state {detail['source_state']}")
     click.echo(f"  status {detail['status']}, triage {detail['triage_state']}, priority {detail['priority']}, "
                f"version {detail['version']}")
-    finding = detail["finding"]
-    if finding:
+    for finding in detail["findings"]:
         state = f"resolved {finding['disposition']}" if finding["disposition"] else \
             f"unresolved, waiting {finding['age_s']}s"
-        click.echo(f"  attention: {finding['kind']} for the {finding['owner_role']}, {state}")
+        click.echo(f"  attention: finding {finding['finding_id']} {finding['kind']} for the {finding['owner_role']}, "
+                   f"{state}")
     for relation in detail["relations"]:
         verb = relation["relation"] if relation["direction"] == "outgoing" else f"{relation['relation']} (by)"
         click.echo(f"  {verb} ticket {relation['ticket_id']}")
@@ -163,6 +163,21 @@ def priority_cmd(ticket_id, priority, reason, expected_version, command_id) -> N
 
     _decide(set_connector_ticket_priority, client_command_id=command_id or f"cli:{uuid.uuid4()}",
             ticket_id=ticket_id, expected_version=expected_version, priority=priority, reason=reason)
+
+
+@tickets.command("acknowledge")
+@click.argument("ticket_id", type=int)
+@click.option("--through-finding", "through_finding_id", type=click.IntRange(1), required=True,
+              help="The newest sweep-gap finding you read (`tickets show`); a gap found later stays waiting.")
+@click.option("--reason", required=True)
+@_VERSION
+@_COMMAND_ID
+def acknowledge_cmd(ticket_id, through_finding_id, reason, expected_version, command_id) -> None:
+    """Resolve a ticket's sweep-gap findings as its commander (credential as for `triage`)."""
+    from nexus_pipelines.tickets.commands import acknowledge_sweep_gap
+
+    _decide(acknowledge_sweep_gap, client_command_id=command_id or f"cli:{uuid.uuid4()}", ticket_id=ticket_id,
+            expected_version=expected_version, through_finding_id=through_finding_id, reason=reason)
 
 
 @tickets.command("rebuild")

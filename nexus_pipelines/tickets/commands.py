@@ -1,4 +1,4 @@
-"""The two project-scoped ticket commands (docs/design/triage-authority.md, "Commands").
+"""The project-scoped ticket commands (docs/design/triage-authority.md, "Commands").
 
 * `triage_connector_ticket`: the project's commander records ACCEPTED, DUPLICATE or
   REJECTED, once, from UNTRIAGED. ACCEPTED needs an actor's priority assignment recorded
@@ -9,6 +9,10 @@
   priority assignment (prior and new value, reason) to an open connector ticket. Asking for
   the priority an actor already set is an `unchanged` reply that writes nothing; confirming
   the automatic one from intake is a decision and is recorded.
+* `acknowledge_sweep_gap`: the project's commander resolves the ticket's unresolved
+  `connector_sweep_gap` findings (a version the incremental scans missed and a
+  reconciliation sweep re-observed), up to the newest one the commander was shown, with a
+  reason; on a ticket in any state, since a gap can be found after triage or close.
 
 One transaction each: the client command id is serialized by an advisory lock and a
 recorded one replays its result when the arguments are the same (else it is refused);
@@ -29,7 +33,7 @@ from psycopg.types.json import Jsonb
 
 from nexus_pipelines.actors.store import Principal
 from nexus_pipelines.redaction import one_line
-from nexus_pipelines.tickets.authority import PRIORITY, TRIAGE, CommandRefused, authorize
+from nexus_pipelines.tickets.authority import ACKNOWLEDGE, PRIORITY, TRIAGE, CommandRefused, authorize
 
 DISPOSITIONS = ("ACCEPTED", "DUPLICATE", "REJECTED")
 TRIAGE_STATES = ("UNTRIAGED", *DISPOSITIONS)
@@ -94,6 +98,16 @@ def set_connector_ticket_priority(conn: Connection, principal: Principal, *, cli
         raise CommandRefused(f"priority {priority!r} is not one of {', '.join(PRIORITIES)}")
     arguments = {"priority": priority, "reason": _reason(reason)}
     return _run(conn, principal, _PRIORITY, client_command_id, ticket_id, expected_version, arguments)
+
+
+def acknowledge_sweep_gap(conn: Connection, principal: Principal, *, client_command_id: str, ticket_id: int,
+                          expected_version: int, through_finding_id: int, reason: str) -> CommandResult:
+    """Resolve the ticket's unresolved sweep-gap findings numbered up to `through_finding_id`
+    (the newest the commander saw: a gap found meanwhile stays waiting)."""
+    if isinstance(through_finding_id, bool) or not isinstance(through_finding_id, int) or through_finding_id < 1:
+        raise CommandRefused("through_finding_id is the newest sweep-gap finding you were shown (a positive number)")
+    arguments = {"through_finding_id": through_finding_id, "reason": _reason(reason)}
+    return _run(conn, principal, _ACKNOWLEDGE, client_command_id, ticket_id, expected_version, arguments)
 
 
 def _reason(reason: str) -> str:
@@ -254,5 +268,27 @@ def _write_priority(conn: Connection, ticket: _Ticket, seq: int, principal: Prin
         (ticket.ticket_id, args["priority"], ticket.priority, principal.actor_id, args["reason"], role, seq))
 
 
+# -- sweep gaps ---------------------------------------------------------------------------
+
+_WAITING_GAPS = """SELECT f.finding_id FROM attention_findings f
+                    WHERE f.ticket_id = %s AND f.kind = 'connector_sweep_gap' AND f.finding_id <= %s
+                      AND NOT EXISTS (SELECT 1 FROM attention_resolutions r WHERE r.finding_id = f.finding_id)"""
+
+
+def _check_acknowledge(conn: Connection, ticket: _Ticket, args: dict) -> tuple[str, str, str]:
+    if conn.execute(_WAITING_GAPS, (ticket.ticket_id, args["through_finding_id"])).fetchone() is None:
+        raise CommandRefused(f"ticket {ticket.ticket_id} has no unresolved sweep-gap finding up to "
+                             f"{args['through_finding_id']}; reload it to see what is waiting")
+    return ticket.triage_state, ticket.priority, ticket.status
+
+
+def _write_acknowledge(conn: Connection, ticket: _Ticket, seq: int, principal: Principal, role: str,
+                       args: dict) -> None:
+    conn.execute(f"""INSERT INTO attention_resolutions (finding_id, command_seq, disposition)
+                     SELECT finding_id, %s, 'ACKNOWLEDGED' FROM ({_WAITING_GAPS}) w""",
+                 (seq, ticket.ticket_id, args["through_finding_id"]))
+
+
 _TRIAGE = _Spec("triage_connector_ticket", TRIAGE, _check_triage, _write_triage)
 _PRIORITY = _Spec("set_connector_ticket_priority", PRIORITY, _check_priority, _write_priority, _same_priority)
+_ACKNOWLEDGE = _Spec("acknowledge_sweep_gap", ACKNOWLEDGE, _check_acknowledge, _write_acknowledge)

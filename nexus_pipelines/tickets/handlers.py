@@ -119,7 +119,7 @@ class TicketHandlers:
             for (_, item, observation), result in zip(live, applied):
                 if item.payload.get(SWEPT_MARK):  # found by a reconciliation sweep, not by the scans
                     open_sweep_gap_finding(conn, result.ticket_id, tenant=observation.key.tenant,
-                                           project=observation.project)
+                                           project=observation.project, work_id=observation.work_id)
         for (n, _, _), result in zip(live, applied):
             results[n] = result.outcome
         return results

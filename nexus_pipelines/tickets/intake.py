@@ -196,14 +196,14 @@ SELECT i.idx, updated.ticket_id IS NOT NULL
 SWEEP_GAP_FINDING = "connector_sweep_gap"
 
 
-def open_sweep_gap_finding(conn: Connection, ticket_id: int, *, tenant: str, project: str) -> None:
+def open_sweep_gap_finding(conn: Connection, ticket_id: int, *, tenant: str, project: str, work_id: int) -> None:
     """The ticket's version was found by a reconciliation sweep, not by the incremental scans:
-    its commander sees it on the Attention page until the ticket is triaged, which resolves it
-    (so only an open, untriaged ticket gets one; the sweep's own record keeps every gap)."""
+    whatever the ticket's state, its commander sees it on the Attention page until triage
+    (of an untriaged ticket) or an acknowledgement resolves it. One finding per re-observed
+    version, named by the work item that applied it, so a redelivered item opens none twice."""
     conn.execute(
-        """INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by)
-           SELECT %s, 'commander', %s, %s, ticket_id, 'system:sweep' FROM tickets
-            WHERE ticket_id = %s AND triage_state = 'UNTRIAGED' AND status = 'open'
-           ON CONFLICT (ticket_id, kind) DO NOTHING""",
-        (SWEEP_GAP_FINDING, tenant, project, ticket_id),
+        """INSERT INTO attention_findings (kind, owner_role, tenant, project, ticket_id, opened_by, work_id)
+           VALUES (%s, 'commander', %s, %s, %s, 'system:sweep', %s)
+           ON CONFLICT (work_id) WHERE kind = 'connector_sweep_gap' DO NOTHING""",
+        (SWEEP_GAP_FINDING, tenant, project, ticket_id, work_id),
     )

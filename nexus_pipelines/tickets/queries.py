@@ -94,7 +94,7 @@ def list_tickets(conn: Connection, *, registration_id: str | None = None, status
 
 
 def ticket_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
-    """One ticket with its custody, age, Attention finding, relations, attributed facts (and
+    """One ticket with its custody, age, Attention findings, relations, attributed facts (and
     `trail`, the priority and triage facts in time order), proofs and close commands."""
     with conn.cursor(row_factory=dict_row) as cur:
         ticket = cur.execute(
@@ -105,11 +105,11 @@ def ticket_detail(conn: Connection, ticket_id: int) -> dict[str, Any] | None:
         ).fetchone()
         if ticket is None:
             return None
-        ticket["finding"] = cur.execute(
+        ticket["findings"] = cur.execute(
             """SELECT f.finding_id, f.kind, f.owner_role, f.opened_at,
                       extract(epoch FROM clock_timestamp() - f.opened_at)::bigint AS age_s, r.disposition, r.resolved_at
                  FROM attention_findings f LEFT JOIN attention_resolutions r USING (finding_id)
-                WHERE f.ticket_id = %s""", (ticket_id,)).fetchone()
+                WHERE f.ticket_id = %s ORDER BY f.finding_id""", (ticket_id,)).fetchall()
         ticket["relations"] = cur.execute(
             """SELECT relation, related_ticket_id AS ticket_id, 'outgoing' AS direction FROM ticket_relations
                 WHERE ticket_id = %(id)s

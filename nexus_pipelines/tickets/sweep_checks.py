@@ -64,7 +64,9 @@ def sweep_result(rid: str, report: SweepReport) -> AssetCheckResult:
         metadata={"missed": MetadataValue.int(missed), "reobserved": MetadataValue.int(len(report.reobserved)),
                   "listed": MetadataValue.int(report.listed), "recent": MetadataValue.int(report.recent),
                   "excluded": MetadataValue.int(report.excluded),
-                  "pages": MetadataValue.int(report.pages), "calls": MetadataValue.int(report.calls),
+                  "pages": MetadataValue.int(report.pages),
+                  "unchanged_pages": MetadataValue.int(report.unchanged_pages),
+                  "calls": MetadataValue.int(report.calls),
                   "outcome": MetadataValue.text(report.outcome),
                   "missed_refs": MetadataValue.json([g.external_ref for g in report.gaps][:100])})
 

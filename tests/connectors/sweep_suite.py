@@ -32,7 +32,7 @@ def plant(world, pool):
     return Plant(world, pool)
 
 
-def _registered(plant, request):
+def registered(plant, request):
     registration = plant.world.registration(key="sw-" + str(abs(hash(request.node.name)) % 10**8))
     plant.activate(registration)
     return registration
@@ -51,13 +51,20 @@ def _missed_by_the_polls(plant, registration) -> str:
     return ref
 
 
-def _lose_latest_observation(pool, ref: str) -> None:
+def lose_latest_observation(pool, ref: str) -> None:
     """Simulate an observation lost from the control plane (its rows are append-only facts, so
     the loss bypasses their triggers as only a restore from an old backup could)."""
     with pool.connection() as conn, conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute("""DELETE FROM ticket_observations WHERE observation_id =
                         (SELECT max(observation_id) FROM ticket_observations WHERE external_ref = %s)""", (ref,))
+
+
+def drop_custody(pool, ref: str) -> None:
+    """Simulate a custody link lost from the control plane (a restore from an old backup)."""
+    with pool.connection() as conn, conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute("DELETE FROM ticket_custody_links WHERE external_ref = %s", (ref,))
 
 
 def _findings(pool, ref: str) -> list[str]:
@@ -72,7 +79,7 @@ def _list_calls(world) -> int:
 
 
 def test_a_sweep_finds_and_reobserves_an_issue_the_polls_never_saw(plant, pool, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     plant.world.add_issues(5)
     plant.sync([registration])
     missed = _missed_by_the_polls(plant, registration)
@@ -101,12 +108,12 @@ def test_a_sweep_finds_and_reobserves_an_issue_the_polls_never_saw(plant, pool, 
 
 def test_a_sweep_reobserves_a_newer_version_whose_observation_was_lost(plant, pool, request):
     world = plant.world
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     ref = world.add_issues(3)[1]
     plant.sync([registration])
     world.update_issue(ref, title="Renamed after triage")
     plant.sync([registration])
-    _lose_latest_observation(pool, ref)
+    lose_latest_observation(pool, ref)
 
     report = plant.sweep(registration, bounds=JUDGE_ALL)
     assert [(g.external_ref, g.reason) for g in report.gaps] == [(ref, "stale")] and report.reobserved == [ref], report
@@ -118,7 +125,7 @@ def test_a_sweep_reobserves_a_newer_version_whose_observation_was_lost(plant, po
 
 
 def test_a_complete_intake_has_no_gaps_and_costs_one_list_call_per_hundred_items(plant, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(230)
     world.add_excluded_item()
     plant.sync([registration])
@@ -132,7 +139,7 @@ def test_a_complete_intake_has_no_gaps_and_costs_one_list_call_per_hundred_items
 
 
 def test_excluded_items_are_never_gaps(plant, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(2)
     world.add_excluded_item()
     world.add_excluded_item()
@@ -143,7 +150,7 @@ def test_excluded_items_are_never_gaps(plant, world, request):
 
 
 def test_a_version_a_poll_admitted_but_no_drain_applied_yet_is_not_a_gap(plant, pool, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(4)
     plant.poll([registration])  # receipts admitted, not routed or drained
 
@@ -154,7 +161,7 @@ def test_a_version_a_poll_admitted_but_no_drain_applied_yet_is_not_a_gap(plant, 
 
 
 def test_a_failed_listing_is_a_recorded_failed_sweep_that_admits_nothing(plant, pool, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(2)
     plant.sync([registration])
     _missed_by_the_polls(plant, registration)
@@ -169,7 +176,7 @@ def test_a_failed_listing_is_a_recorded_failed_sweep_that_admits_nothing(plant, 
 
 
 def test_a_sweep_waits_for_a_held_poll_lease_and_admits_nothing_while_it_is_held(plant, pool, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     plant.world.add_issues(2)
     plant.sync([registration])
     missed = _missed_by_the_polls(plant, registration)
@@ -185,7 +192,7 @@ def test_a_sweep_waits_for_a_held_poll_lease_and_admits_nothing_while_it_is_held
 
 
 def test_a_change_newer_than_the_settle_window_is_left_to_the_incremental_scans(plant, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(2)
     plant.sync([registration])
     fresh = world.add_issue_at(datetime.now(UTC), title="Filed a moment ago")  # the next poll's to read
@@ -197,10 +204,23 @@ def test_a_change_newer_than_the_settle_window_is_left_to_the_incremental_scans(
 
 
 def test_a_sweep_stops_at_its_page_bound_and_says_so(plant, world, request):
-    registration = _registered(plant, request)
+    registration = registered(plant, request)
     world.add_issues(150)
     plant.sync([registration])
 
     report = plant.sweep(registration, bounds=SweepBounds(max_pages=1))
     assert (report.outcome, report.pages, report.listed) == ("partial", 1, 100)
     assert "page bound" in report.detail
+
+
+def test_custody_and_observations_lost_between_two_sweeps_are_gaps_of_the_second(plant, pool, world, request):
+    registration = registered(plant, request)
+    dropped, stale = world.add_issues(150)[20:22]
+    plant.sync([registration])
+    assert plant.sweep(registration, bounds=JUDGE_ALL).gaps == []
+    drop_custody(pool, dropped)
+    lose_latest_observation(pool, stale)  # the issue is unchanged at the provider: its page is the same
+
+    report = plant.sweep(registration, bounds=JUDGE_ALL)
+    assert sorted((g.external_ref, g.reason) for g in report.gaps) == sorted([(dropped, "missing"), (stale, "stale")])
+    assert sorted(report.reobserved) == sorted([dropped, stale])

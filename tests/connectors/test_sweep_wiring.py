@@ -52,7 +52,7 @@ def test_the_sweep_cli_prints_one_line_with_listed_gaps_reobserved_and_calls(ser
     result = CliRunner().invoke(main, ["connectors", "sweep", "--key", served.registration.key])
     assert result.exit_code == 0, result.output
     assert result.output == (f"{served.registration.registration_id} sweep complete: listed 4, gaps 1, "
-                             "re-observed 1, calls 2\n")
+                             "re-observed 1, calls 2, unchanged pages 0\n")
     again = CliRunner().invoke(main, ["connectors", "sweep", "--key", served.registration.key])
     assert "gaps 0, re-observed 0, calls 1" in again.output  # the gap's receipt is on its way: not missed twice
 

@@ -1,4 +1,4 @@
-"""`actors ...` and `tickets triage|priority|rebuild` end to end: the credential is printed
+"""`actors ...` and `tickets triage|priority|acknowledge|rebuild` end to end: the credential is printed
 once, read back only from NEXUS_ACTOR_CREDENTIAL or a hidden prompt, and every refusal is
 one line that never repeats it."""
 
@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from nexus_pipelines.cli import main
 from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
-from nexus_pipelines.local.worlds.plant import Plant
-from tests.tickets.support import ingest
+from nexus_pipelines.local.worlds.plant import Plant, accept, member
+from tests.tickets.support import ingest, sweep_gap, version
 
 
 def cli(env, *args, input=None):
@@ -62,3 +62,25 @@ def test_actors_add_grant_and_decide_through_the_cli(pool, control_dsn):
     renewed = cli(env, "actors", "reissue", "ada")
     assert renewed.exit_code == 0 and credential not in renewed.output
     assert "not valid" in cli(decider, *set_p1).output  # the old credential stopped working
+
+
+def test_a_commander_reads_a_sweep_gap_with_tickets_show_and_acknowledges_it(pool, control_dsn):
+    plant = Plant(GitLabWorld(project_id=PROJECT_ID + 4100), pool)
+    registration, (ticket,) = ingest(plant, "cli-gap", 1)
+    with pool.connection() as conn:
+        _, credential = member(conn, "acme/cli-gap", "commander")
+        accept(conn, ticket)
+    finding = sweep_gap(plant, registration, ticket)
+    env = {"NEXUS_PG_DSN": control_dsn, "NEXUS_ACTOR_CREDENTIAL": credential}
+    shown = cli(env, "tickets", "show", str(ticket))
+    assert f"attention: finding {finding} connector_sweep_gap for the commander, unresolved" in shown.output
+    with pool.connection() as conn:
+        at = version(conn, ticket)
+    done = cli(env, "tickets", "acknowledge", str(ticket), "--through-finding", str(finding), "--reason",
+               "scan fixed", "--expected-version", str(at))
+    assert done.exit_code == 0 and f"ticket {ticket}: ACCEPTED at P1, open, version {at + 1}" in done.output
+    assert f"finding {finding} connector_sweep_gap for the commander, resolved ACKNOWLEDGED" in cli(
+        env, "tickets", "show", str(ticket)).output
+    again = cli(env, "tickets", "acknowledge", str(ticket), "--through-finding", str(finding), "--reason", "again",
+                "--expected-version", str(at + 1))
+    assert again.exit_code == 1 and "no unresolved sweep-gap finding" in again.output

@@ -46,7 +46,7 @@ def test_the_triage_check_warns_while_a_finding_is_older_than_the_age_and_the_co
     (late,) = _check_results(control_dsn, rid, max_age_hours=1 / 3600)  # one second
     assert (late.passed, late.severity, late.asset_key, late.check_name) == (
         False, AssetCheckSeverity.WARN, tickets_asset_key(rid), TRIAGE_AGE_CHECK)
-    assert late.metadata["oldest_waiting_s"].value >= 2 and "2 tickets wait for triage" in late.description
+    assert late.metadata["oldest_waiting_s"].value >= 2 and "2 Attention findings wait" in late.description
     with pool.connection() as conn:
         commander, _ = member(conn, "acme/dagster-triage", "commander")
         for ticket_id in ids:

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 import httpx
 
 from nexus_pipelines.local.worlds.gitlab import PROJECT_ID, GitLabWorld
-from nexus_pipelines.local.worlds.plant import Plant
-from nexus_pipelines.local.worlds.plant import member
-from tests.tickets.support import ingest
+from nexus_pipelines.local.worlds.plant import Plant, accept, member
+from tests.tickets.support import ingest, sweep_gap
 
 _worlds = itertools.count(PROJECT_ID + 2000)
 
@@ -40,6 +39,18 @@ def seed(pool, issues: int = 3) -> Seeded:
         _, operator = member(conn, f"acme/{project}", "operator", name=f"op-{project}")
         _, outsider = member(conn, f"acme/{other}", "commander", name=f"out-{other}")
     return Seeded(f"acme/{project}", ids, commander, operator, outsider)
+
+
+def gap_on_an_accepted_ticket(pool) -> tuple[int, str]:
+    """A project of its own whose one accepted ticket has a sweep gap: the ticket and its commander's credential."""
+    project = f"gap-{uuid.uuid4().hex[:6]}"
+    plant = Plant(GitLabWorld(project_id=next(_worlds)), pool)
+    registration, (ticket,) = ingest(plant, project, 1)
+    with pool.connection() as conn:
+        _, commander = member(conn, f"acme/{project}", "commander", name=f"cmd-{project}")
+        accept(conn, ticket)
+    sweep_gap(plant, registration, ticket)
+    return ticket, commander
 
 
 @contextlib.contextmanager

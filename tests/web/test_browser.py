@@ -1,6 +1,8 @@
 """The pages in a real browser: a commander signs in, filters the Board, prioritizes and
 triages a ticket and sees the untriaged count drop; an operator's ticket page has no
-triage controls and a triage form forged in the page is refused by the server."""
+triage controls and a triage form forged in the page is refused by the server; a sweep gap
+on an accepted ticket waits on Attention, saying who resolves it, until the commander
+acknowledges it on the ticket's page."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import pytest
 
 from nexus_pipelines.local.simulators.http import serve_in_thread
 from nexus_pipelines.tickets.web.app import build_app
-from tests.web.support import seed
+from tests.web.support import gap_on_an_accepted_ticket, seed
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +92,27 @@ def test_an_operator_sees_no_triage_controls_and_a_forged_post_is_refused(page, 
     assert page.get_by_test_id("triage-state").inner_text() == "UNTRIAGED"
     posted = page.request.post(f"{url}/tickets/{ticket}/priority", form={"priority": "P0", "reason": "no token"})
     assert posted.status == 403  # the session cookie alone, without the form's CSRF token
+
+
+def test_a_sweep_gap_on_an_accepted_ticket_waits_on_attention_until_its_commander_acknowledges_it(page, site, pool):
+    url, _ = site
+    ticket, commander = gap_on_an_accepted_ticket(pool)
+    sign_in(page, url, commander)
+    page.click("nav >> text=Attention")
+    page.wait_for_url(f"{url}/attention")
+    row = page.locator(f"tr[data-ticket='{ticket}'][data-kind=connector_sweep_gap]")
+    assert row.count() == 1
+    assert "missed" in row.inner_text() and "ACCEPTED" in row.inner_text()
+    assert row.get_by_test_id("resolved-by").inner_text() == "the commander's acknowledgement"
+    row.locator("a").click()
+    page.wait_for_url(f"{url}/tickets/{ticket}")
+    assert "unresolved" in page.locator("[data-testid=finding][data-kind=connector_sweep_gap]").inner_text()
+    page.fill("#acknowledge-reason", "the scan's bound was fixed")
+    page.click("[data-testid=acknowledge-form] button")
+    page.wait_for_url("**done=acknowledge")
+    assert "resolved: ACKNOWLEDGED" in page.locator("[data-testid=finding][data-kind=connector_sweep_gap]").inner_text()
+    assert page.get_by_test_id("acknowledge-form").count() == 0
+    assert page.get_by_test_id("triage-state").inner_text() == "ACCEPTED"
+    page.click("nav >> text=Attention")
+    page.wait_for_url(f"{url}/attention")
+    assert page.locator(f"tr[data-ticket='{ticket}']").count() == 0

@@ -32,6 +32,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     ListIdentities,
     ListIdentitiesResult,
     SweepSource,
+    UnchangedPage,
 )
 from nexus_pipelines.connectors.core.values import (
     DEADLINE_MS,
@@ -140,6 +141,10 @@ class RetryExecutor:
         """One page of a reconciliation sweep's listing, under the same bounds as a poll's page."""
         def check(result: object) -> ListIdentitiesResult:
             if isinstance(result, FetchFailure):
+                return result
+            if isinstance(result, UnchangedPage):
+                if request.validator is None:
+                    raise _Broken("list_identities answered 'unchanged' to a request that named no validator")
                 return result
             if not isinstance(result, IdentityPage):
                 raise _Broken(f"list_identities returned {type(result).__name__}, not a page or a fetch failure")

@@ -10,7 +10,9 @@ newer than every observation of it, and no receipt of that version still on its 
 poll's receipt not drained yet is not a miss). The lease is held only while the gaps are
 compared again and admitted: a poll committing meanwhile either lands first (its version is
 then on its way, not a gap) or after (its receipt is a duplicate the observation ignores).
-Each sweep and its gaps are recorded (`connector_sweeps`, `connector_sweep_gaps`).
+Each sweep and its gaps are recorded (`connector_sweeps`, `connector_sweep_gaps`). Where the
+provider offers conditional requests, each page is asked with the validator of the page the
+last sweep read (`sweep_pages`), and an unchanged page is compared from that stored listing.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from datetime import datetime, timedelta
 
 from psycopg import Connection
 
-from nexus_pipelines.connectors.core import store
+from nexus_pipelines.connectors.core import store, sweep_pages
 from nexus_pipelines.connectors.core.executor import RetryExecutor
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
@@ -32,6 +34,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     IdentityPage,
     ListIdentities,
     SweepSource,
+    UnchangedPage,
 )
 from nexus_pipelines.connectors.core.tick import issue_version
 from nexus_pipelines.connectors.core.values import FetchFailure
@@ -75,6 +78,7 @@ class SweepReport:
     recent: int = 0  # listed, but changed too recently to judge (see SweepBounds.settle_s)
     excluded: int = 0
     pages: int = 0
+    unchanged_pages: int = 0  # answered "not modified" to the validator of the page the last sweep read
     calls: int = 0
     gaps: list[Gap] = field(default_factory=list)
     reobserved: list[str] = field(default_factory=list)
@@ -85,7 +89,7 @@ class SweepReport:
         """The one line the CLI prints and the job logs."""
         tail = f" ({self.detail})" if self.detail else ""
         return (f"{self.registration_id} sweep {self.outcome}: listed {self.listed}, gaps {len(self.gaps)}, "
-                f"re-observed {len(self.reobserved)}, calls {self.calls}{tail}")
+                f"re-observed {len(self.reobserved)}, calls {self.calls}, unchanged pages {self.unchanged_pages}{tail}")
 
     def as_dict(self) -> dict:
         return {**asdict(self), "gaps": len(self.gaps), "reobserved": len(self.reobserved)}
@@ -111,7 +115,8 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
         return report  # nothing was swept, so nothing is recorded
     source = source_for(registration)
     deadline = time.monotonic() + bounds.time_budget_s
-    listed, provider_started = _list(source, executor, bounds, deadline, report, on_page)
+    listing = _Listing(sweep_pages.load(conn, registration))
+    listed, provider_started = _list(source, executor, bounds, deadline, report, listing, on_page)
     if report.outcome != "failed":
         settle = bounds.settle(registration)
         horizon = (provider_started or started) - settle
@@ -124,12 +129,37 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
             report.detail = f"{len(candidates) - bounds.max_gaps} more gaps are left for the next sweep"
         _reobserve(conn, registration, source, executor, report, deadline,
                    lambda: _claim(conn, registry, registration, owner, bounds.lease_wait_s, sleep))
-    _record(conn, registration, report, started)
+    _record(conn, registration, report, started, listing)
     return report
 
 
+@dataclass
+class _Listing:
+    """The pages the last sweep kept (by request) and the pages this sweep read in full."""
+
+    kept: dict[str, sweep_pages.KeptPage]
+    read: dict[str, IdentityPage] = field(default_factory=dict)
+    asked: set[str] = field(default_factory=set)
+    to_the_end: bool = False  # the listing reached its last page
+
+    def request(self, cursor: str | None) -> ListIdentities:
+        request = ListIdentities(cursor=cursor, page_size=MAX_IDENTITY_PAGE)
+        kept = self.kept.get(sweep_pages.page_key(request))
+        return request.model_copy(update={"validator": kept.validator}) if kept else request
+
+    def answer(self, request: ListIdentities, result: IdentityPage | UnchangedPage) -> IdentityPage:
+        """The page's listing: read now, or kept by the last sweep when the provider says it is unchanged."""
+        key = sweep_pages.page_key(request)
+        self.asked.add(key)
+        if isinstance(result, UnchangedPage):
+            return self.kept[key].page.model_copy(update={"served_at": result.served_at})
+        self.read[key] = result
+        return result
+
+
 def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, deadline: float, report: SweepReport,
-          on_page: Callable[[SweepReport], None] | None) -> tuple[dict[str, datetime], datetime | None]:
+          listing: _Listing, on_page: Callable[[SweepReport], None] | None,
+          ) -> tuple[dict[str, datetime], datetime | None]:
     """The listed issues' newest update times, and the provider's clock at the first page."""
     listed: dict[str, datetime] = {}
     provider_started: datetime | None = None
@@ -140,13 +170,15 @@ def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, dea
             report.detail = (f"stopped after {report.pages} pages (the sweep's page bound)" if report.pages >=
                              bounds.max_pages else f"stopped after {bounds.time_budget_s:.0f}s (the time budget)")
             return listed, provider_started
-        result, log = executor.list_identities(source, ListIdentities(cursor=cursor, page_size=MAX_IDENTITY_PAGE))
+        request = listing.request(cursor)
+        result, log = executor.list_identities(source, request)
         report.calls += log.attempts
         if isinstance(result, FetchFailure):
             report.outcome = "failed"
             report.detail = one_line(f"listing: {result.reason}: {result.detail}", 300)
             return listed, provider_started
-        assert isinstance(result, IdentityPage)
+        report.unchanged_pages += isinstance(result, UnchangedPage)
+        result = listing.answer(request, result)
         report.pages += 1
         provider_started = provider_started or result.served_at
         report.excluded += result.excluded
@@ -159,6 +191,7 @@ def _list(source: SweepSource, executor: RetryExecutor, bounds: SweepBounds, dea
         if on_page is not None:
             on_page(report)
         if result.next_cursor is None:
+            listing.to_the_end = True
             return listed, provider_started
         cursor = result.next_cursor
 
@@ -250,16 +283,20 @@ def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registra
         sleep(0.5)
 
 
-def _record(conn: Connection, registration: Registration, report: SweepReport, started: datetime) -> None:
+def _record(conn: Connection, registration: Registration, report: SweepReport, started: datetime,
+            listing: _Listing) -> None:
     reobserved = set(report.reobserved)
     with conn.transaction():
+        # the pages read are kept whatever became of the sweep after them; a complete listing
+        # also forgets the pages it no longer has
+        sweep_pages.save(conn, registration, listing.read, keep_only=listing.asked if listing.to_the_end else None)
         (report.sweep_id,) = conn.execute(
             """INSERT INTO connector_sweeps (tenant, registration_key, revision_id, outcome, listed, excluded, gaps,
-                                             reobserved, pages, calls, detail, started_at)
-               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING sweep_id""",
+                                             reobserved, pages, unchanged_pages, calls, detail, started_at)
+               VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING sweep_id""",
             (registration.tenant, registration.key, registration.revision_id, report.outcome, report.listed,
-             report.excluded, len(report.gaps), len(reobserved), report.pages, report.calls, report.detail,
-             started),
+             report.excluded, len(report.gaps), len(reobserved), report.pages, report.unchanged_pages, report.calls,
+             report.detail, started),
         ).fetchone()
         if report.gaps:
             conn.execute(

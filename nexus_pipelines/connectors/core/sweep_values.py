@@ -7,6 +7,12 @@ issue's identity and provider update time; items the registration does not inges
 requests, excluded work types) are counted, never listed. `fetch_issue` reads one issue in
 full through the adapter's strict mapping, so a re-observed gap is exactly what a poll
 would have delivered.
+
+Where the provider offers conditional requests for its listing (GitHub's `ETag` /
+`If-None-Match`), the sweep stores each page it read with the page's validator and sends it
+with the next sweep's request for that page; `UnchangedPage` is the provider's answer that
+the page is still the one the validator names (docs/design/reconciliation-sweep.md says
+why reusing the stored page is sound).
 """
 
 from __future__ import annotations
@@ -25,6 +31,9 @@ from nexus_pipelines.connectors.core.values import (
 )
 
 MAX_IDENTITY_PAGE = 100
+VALIDATOR_MAX_CHARS = 200
+
+Validator = Annotated[str, Field(min_length=1, max_length=VALIDATOR_MAX_CHARS, pattern=r"^[\x21-\x7e]+$")]
 
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
@@ -34,6 +43,8 @@ class ListIdentities(BaseModel):
 
     cursor: CursorToken | None  # None: the first page of the listing
     page_size: Annotated[int, Field(ge=1, le=MAX_IDENTITY_PAGE)]
+    # the validator of this page as the last sweep read it: sent as a conditional request
+    validator: Validator | None = None
 
 
 class IssueIdentity(BaseModel):
@@ -55,6 +66,17 @@ class IdentityPage(BaseModel):
     # the provider's clock when it answered (its Date): recent changes are judged on the
     # provider's clock, never the control plane's, which may be skewed from it
     served_at: AwareDatetime | None = None
+    # the page's validator (its ETag), when the provider offers conditional requests
+    validator: Validator | None = None
+
+
+class UnchangedPage(BaseModel):
+    """The provider's answer to a conditional request: the page is the one the validator names."""
+
+    model_config = _STRICT
+
+    kind: Literal["unchanged"] = "unchanged"
+    served_at: AwareDatetime | None = None
 
 
 class FetchIssue(BaseModel):
@@ -74,7 +96,7 @@ class FetchedIssue(BaseModel):
     excluded: bool = False
 
 
-ListIdentitiesResult = IdentityPage | FetchFailure
+ListIdentitiesResult = IdentityPage | UnchangedPage | FetchFailure
 FetchIssueResult = FetchedIssue | FetchFailure
 
 

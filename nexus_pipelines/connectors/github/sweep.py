@@ -9,6 +9,10 @@ Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=created&direction=asc&
 `GET /repos/{owner}/{repo}/issues/{number}`, mapped exactly as a poll maps it; 404 and 410
 mean the issue is gone (deleted or transferred), a pull request is excluded.
 
+Conditional requests: every listing page's `ETag` is its validator. A request that names the
+validator the last sweep kept for it sends `If-None-Match`; GitHub's 304 (which costs no
+primary rate limit) is an `UnchangedPage`, and the sweep compares the page it kept.
+
 Cursor: `ghs1;<path?query of the next page>`.
 """
 
@@ -25,9 +29,11 @@ from nexus_pipelines.connectors.core.sweep_values import (
     IssueIdentity,
     ListIdentities,
     ListIdentitiesResult,
+    UnchangedPage,
+    VALIDATOR_MAX_CHARS,
 )
 from nexus_pipelines.connectors.core.values import CURSOR_MAX_CHARS, ConnectorAttempt, FetchFailure, first_error
-from nexus_pipelines.connectors.github.adapter import KIND, GitHubConnector, _Issue, _Item
+from nexus_pipelines.connectors.github.adapter import _ETAG, KIND, GitHubConnector, _Issue, _Item
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
@@ -72,9 +78,12 @@ class GitHubSweep:
                 return fetch_failure(repo)
             url = f"{repo}/issues"
             params = {"state": "all", "sort": "created", "direction": "asc", "per_page": request.page_size}
-        response = self._c.send("GET", url, deadline, "list_issues", params=params)
+        headers = {"If-None-Match": request.validator} if request.validator else {}
+        response = self._c.send("GET", url, deadline, "list_issues", params=params, headers=headers)
         if isinstance(response, Problem):
             return fetch_failure(response)
+        if response.status_code == 304 and request.validator:
+            return UnchangedPage(served_at=served_at(response))
         if response.status_code != 200:
             return fetch_failure(self._c.classify(response, "listing issues for the sweep"))
         try:
@@ -97,8 +106,10 @@ class GitHubSweep:
             token = PREFIX + parsed.raw_path.decode("ascii")
             if len(token) > CURSOR_MAX_CHARS:
                 return _invalid("the next-page link is too long for a cursor token")
+        etag = response.headers.get("ETag")
         return IdentityPage(identities=identities, next_cursor=token, excluded=len(items) - len(identities),
-                            served_at=served_at(response))
+                            served_at=served_at(response), validator=etag if etag and _ETAG.fullmatch(etag)
+                            and len(etag) <= VALIDATOR_MAX_CHARS else None)
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
         kind, _, rest = request.external_ref.partition(":")

@@ -22,7 +22,8 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
   an update or deletion between two requests shifts later rows back one position. A
   page number deep in a listing (`page` without `after`, 1,000 rows or more in) is
   refused with 422 as GitHub does; every listing has an ETag and `If-None-Match` gets
-  a 304 that costs no rate limit. Timestamps are whole seconds.
+  a 304 that costs no rate limit (`charged_calls` counts the answers that did cost it).
+  Timestamps are whole seconds.
 * Comments (ascending id, page-numbered `Link` pages) and their creation (a comment
   touches the issue's `updated_at`), `PATCH` of an issue's `state`/`state_reason`.
 * A renamed repository: its old `/repos/{owner}/{name}` answers 301 to GET and 307 to
@@ -190,6 +191,7 @@ class GitHubState:
         self.secondary: SecondaryLimit | None = None
         self.calls: Counter[str] = Counter()
         self.limited_calls = 0
+        self.charged_calls = 0  # answers that counted against the primary limit (a 304 does not)
         self._used: Counter[tuple[int, int]] = Counter()
         self._created: dict[int, list[datetime]] = {}  # creation times of the last minute, per installation
         self._blocked_until: dict[int, datetime] = {}
@@ -296,6 +298,7 @@ class GitHubState:
     def rate_headers(self, installation_id: int, *, spend: bool) -> tuple[dict[str, str], bool]:
         """GitHub's `x-ratelimit-*` headers and whether this request is over the primary budget."""
         if self.primary is None:
+            self.charged_calls += spend
             return {}, False
         number, reset = self.window()
         key = (installation_id, number)
@@ -304,6 +307,7 @@ class GitHubState:
             self.limited_calls += 1
         elif spend:
             self._used[key] += 1
+            self.charged_calls += 1
         used = self._used[key]
         return {"x-ratelimit-limit": str(self.primary.limit), "x-ratelimit-remaining": str(self.primary.limit - used),
                 "x-ratelimit-used": str(used), "x-ratelimit-reset": str(reset), "x-ratelimit-resource": "core"}, over

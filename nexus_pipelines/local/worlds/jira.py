@@ -124,6 +124,10 @@ class JiraWorld(SimulatorWorld):
         self.state.update_issue(self.cloud_id, self.issue_id(external_ref), summary=title)
         self.state.clock.advance(0.001)
 
+    def delete_issue(self, external_ref: str) -> None:
+        with self.state._lock:
+            del self.state.issues[(self.cloud_id, self.issue_id(external_ref))]
+
     def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
         return self.ref(self.state.add_issue(self.cloud_id, self.project_id, summary=title,
                                              updated_at=updated_at).id)

@@ -1,11 +1,12 @@
 """The ticket pages as a small ASGI app (starlette): sign-in with the actor credential,
-then Board, Ticket Detail and Attention over the read models, and the two command forms.
+then Board, Ticket Detail and Attention over the read models, and the command forms.
 
 Authority stays on the server: the session cookie (HttpOnly, SameSite=Strict, Secure
 behind HTTPS) names a session row, the session names the actor, and every command asks
 `authority` for the actor's role on the ticket's project while it runs. Controls are
 rendered from the same rule, but a posted form is only a request: hidden fields other
-than the CSRF token, the expected version and the idempotency key are never read, and
+than the CSRF token, the expected version, the idempotency key and (to acknowledge a
+sweep gap) the newest finding the page showed are never read, and
 no role is ever taken from a form. Every POST carries a CSRF token (the session's HMAC,
 or a double-submit cookie on the sign-in form); no secret is ever put in a URL.
 """
@@ -27,15 +28,25 @@ from starlette.routing import Route
 from nexus_pipelines.actors import sessions
 from nexus_pipelines.actors.store import AuthenticationFailed, Principal, memberships
 from nexus_pipelines.tickets import board
-from nexus_pipelines.tickets.authority import PRIORITY, TRIAGE, CommandRefused, NotAuthorized, allowed_actions
+from nexus_pipelines.tickets.authority import (
+    ACKNOWLEDGE,
+    PRIORITY,
+    TRIAGE,
+    CommandRefused,
+    NotAuthorized,
+    allowed_actions,
+)
 from nexus_pipelines.tickets.commands import (
     DISPOSITIONS,
     PRIORITIES,
     TRIAGE_STATES,
     VersionConflict,
+    acknowledge_sweep_gap,
     set_connector_ticket_priority,
     triage_connector_ticket,
 )
+from nexus_pipelines.tickets.board import FINDING_MEANING, resolved_by
+from nexus_pipelines.tickets.intake import SWEEP_GAP_FINDING
 from nexus_pipelines.tickets.queries import ticket_detail
 from nexus_pipelines.tickets.web.outage import UNREACHABLE, ControlPlaneDown, OutageWatch, unreachable_answer
 from nexus_pipelines.tickets.web.templates import CSS, environment
@@ -43,7 +54,7 @@ from nexus_pipelines.tickets.web.templates import CSS, environment
 SESSION_COOKIE = "np_session"
 SIGNIN_COOKIE = "np_signin"
 MAX_FORM_BYTES = 16_384
-NOTICES = {"priority": "Priority recorded.", "triage": "Triage recorded.",
+NOTICES = {"priority": "Priority recorded.", "triage": "Triage recorded.", "acknowledge": "Sweep gap acknowledged.",
            "replayed": "That decision was recorded before; nothing new was written.",
            "unchanged": "The ticket already has that priority; nothing was recorded."}
 HEADERS = {
@@ -171,13 +182,17 @@ class _Pages:
         if ticket is None or ticket["external_ref"] is None or not any(
                 (m.tenant, m.project) == (ticket["tenant"], ticket["project"]) for m in frame["scope"]):
             return None  # another project's ticket reads as absent
-        actions = allowed_actions(conn, principal, ticket["tenant"], ticket["project"]) \
-            if ticket["status"] == "open" else frozenset()
+        actions = allowed_actions(conn, principal, ticket["tenant"], ticket["project"])
+        if ticket["status"] != "open":
+            actions &= {ACKNOWLEDGE}  # a gap can be found on a closed ticket too
         if ticket["triage_state"] != "UNTRIAGED":
             actions -= {TRIAGE}
+        gaps = [f["finding_id"] for f in ticket["findings"] if f["kind"] == SWEEP_GAP_FINDING and not f["disposition"]]
         link = ticket["display_url"] if ticket["display_url"].startswith(("https://", "http://")) else None
         automatic = all(f["actor_role"] is None for f in ticket["priority_facts"])
-        return {**frame, "t": ticket, "controls": actions, "link": link, "automatic": automatic}
+        return {**frame, "t": ticket, "controls": actions, "link": link, "automatic": automatic,
+                "waiting_gap": max(gaps) if gaps and ACKNOWLEDGE in actions else None,
+                "meaning": FINDING_MEANING, "resolved_by": resolved_by}
 
     async def detail_page(self, request: Request, *, error: str | None = None, status: int = 200) -> Response:
         found = await self.session(request)
@@ -244,7 +259,15 @@ def _triage(conn, principal: Principal, ticket_id: int, form: dict[str, str]):
         reason=form.get("reason", ""))
 
 
-_COMMANDS = {PRIORITY: _priority, TRIAGE: _triage}
+def _acknowledge(conn, principal: Principal, ticket_id: int, form: dict[str, str]):
+    return acknowledge_sweep_gap(
+        conn, principal, client_command_id=form.get("client_command_id", ""), ticket_id=ticket_id,
+        expected_version=_number(form.get("expected_version"), "expected_version"),
+        through_finding_id=_number(form.get("through_finding_id"), "through_finding_id"),
+        reason=form.get("reason", ""))
+
+
+_COMMANDS = {PRIORITY: _priority, TRIAGE: _triage, ACKNOWLEDGE: _acknowledge}
 
 
 def build_app(pool: ConnectionPool, *, secure_cookies: bool = False) -> Starlette:

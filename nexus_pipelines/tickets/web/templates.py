@@ -64,9 +64,11 @@ DETAIL = """{% extends "base" %}{% block title %}#{{ t.ticket_id }}{% endblock %
 {% if link %} · <a href="{{ link }}" rel="noopener noreferrer" target="_blank">open in {{ t.connector_kind }}</a>{% endif %}</dd>
 <dt>Age</dt><dd>{{ t.age_s | age }} (since {{ t.created_at.strftime('%Y-%m-%d %H:%M') }} UTC)</dd>
 <dt>Version</dt><dd>{{ t.version }}</dd>
-<dt>Attention</dt><dd data-testid="finding">{% if t.finding and not t.finding.disposition %}
-<span class="badge warn">unresolved</span> {{ t.finding.kind }} for the {{ t.finding.owner_role }}, waiting {{ t.finding.age_s | age }}
-{% elif t.finding %}resolved: {{ t.finding.disposition }}{% else %}none{% endif %}</dd>
+{% for f in t.findings %}<dt>Attention</dt><dd data-testid="finding" data-kind="{{ f.kind }}">
+{% if not f.disposition %}<span class="badge warn">unresolved</span> {{ f.kind }} for the {{ f.owner_role }}, waiting
+{{ f.age_s | age }}: {{ meaning[f.kind] }}; resolved by {{ resolved_by(f.kind, t.triage_state) }}
+{% else %}{{ f.kind }} resolved: {{ f.disposition }}{% endif %}</dd>
+{% else %}<dt>Attention</dt><dd data-testid="finding">none</dd>{% endfor %}
 {% for r in t.relations %}<dt>Relation</dt><dd>{% if r.direction == 'outgoing' %}duplicates
 <a href="/tickets/{{ r.ticket_id }}">#{{ r.ticket_id }}</a>{% else %}duplicated by
 <a href="/tickets/{{ r.ticket_id }}">#{{ r.ticket_id }}</a>{% endif %}</dd>{% endfor %}</dl>
@@ -85,6 +87,11 @@ DETAIL = """{% extends "base" %}{% block title %}#{{ t.ticket_id }}{% endblock %
 <label for="triage-reason">Reason</label><input id="triage-reason" name="reason" required maxlength="500">
 {% if automatic %}<p class="hint">Accepting needs a priority set by a commander or operator first.</p>{% endif %}
 <button type="submit">Record triage</button></form>{% endif %}
+{% if waiting_gap %}<form method="post" action="/tickets/{{ t.ticket_id }}/acknowledge" class="card"
+ data-testid="acknowledge-form"><h2>Acknowledge the sweep gap</h2>{{ hidden() }}
+<input type="hidden" name="through_finding_id" value="{{ waiting_gap }}">
+<label for="acknowledge-reason">Reason</label><input id="acknowledge-reason" name="reason" required maxlength="500">
+<button type="submit">Acknowledge</button></form>{% endif %}
 <h2>Trail</h2><table class="trail"><tr><th>When (UTC)</th><th>Fact</th><th>By</th><th>Reason</th></tr>
 {% for f in t.trail %}<tr><td>{{ f.recorded_at.strftime('%Y-%m-%d %H:%M:%S') }}</td>
 <td>{{ f.kind }} {% if f.prior %}{{ f.prior }} → {% endif %}{{ f.value }}</td>
@@ -93,12 +100,14 @@ DETAIL = """{% extends "base" %}{% block title %}#{{ t.ticket_id }}{% endblock %
 
 ATTENTION = """{% extends "base" %}{% block title %}Attention{% endblock %}{% block main %}
 <h1>Attention</h1><p>Unresolved findings, oldest first. Nothing here expires: each waits for its owner.</p>
-<table class="attention"><tr><th>Waiting</th><th>Finding</th><th>Owner</th><th>Project</th><th>Ticket</th>
-<th>Triage</th><th>Priority</th></tr>{% for f in findings %}<tr data-ticket="{{ f.ticket_id }}">
-<td>{{ f.age_s | age }}</td><td>{{ f.kind }}</td><td>{{ f.owner_role }}</td><td>{{ f.project_id }}</td>
+<table class="attention"><tr><th>Waiting</th><th>Finding</th><th>Owner</th><th>Resolved by</th><th>Project</th>
+<th>Ticket</th><th>Triage</th><th>Status</th><th>Priority</th></tr>{% for f in findings %}
+<tr data-ticket="{{ f.ticket_id }}" data-kind="{{ f.kind }}">
+<td>{{ f.age_s | age }}</td><td><code>{{ f.kind }}</code>: {{ f.meaning }}</td><td>{{ f.owner_role }}</td>
+<td data-testid="resolved-by">{{ f.resolved_by }}</td><td>{{ f.project_id }}</td>
 <td><a href="/tickets/{{ f.ticket_id }}">#{{ f.ticket_id }} {{ f.title }}</a></td><td>{{ f.triage_state }}</td>
-<td>{{ f.priority }}</td></tr>{% else %}<tr><td colspan="7" class="empty">Nothing is waiting.</td></tr>{% endfor %}
-</table>{% endblock %}"""
+<td>{{ f.status }}</td><td>{{ f.priority }}</td></tr>{% else %}<tr><td colspan="9" class="empty">Nothing is waiting.</td>
+</tr>{% endfor %}</table>{% endblock %}"""
 
 NOT_FOUND = """{% extends "base" %}{% block title %}Not found{% endblock %}{% block main %}
 <h1>Not found</h1><p><a href="/board">Back to the Board</a></p>{% endblock %}"""

@@ -1,5 +1,6 @@
 """The retry executor holds the sweep's two operations to the seam like `fetch_page`: typed
-results only, a page no larger than asked, a cursor that advances, the issue asked for."""
+results only, a page no larger than asked, a cursor that advances, "unchanged" only to a
+request that named a validator, the issue asked for."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     IdentityPage,
     IssueIdentity,
     ListIdentities,
+    UnchangedPage,
 )
 from nexus_pipelines.connectors.core.values import ExternalIssue, FetchFailure
 
@@ -56,6 +58,14 @@ def test_a_listing_larger_than_asked_is_a_terminal_contract_violation():
 def test_a_listing_that_does_not_advance_its_cursor_is_a_contract_violation():
     result, _ = _executor().list_identities(_Source(page=_page(1, "same")), ListIdentities(cursor="same", page_size=5))
     assert result.reason == "contract_violation" and "advancing" in result.detail
+
+
+def test_an_unchanged_answer_to_a_request_that_named_no_validator_is_a_contract_violation():
+    source = _Source(page=UnchangedPage(served_at=WHEN))
+    result, _ = _executor().list_identities(source, ListIdentities(cursor=None, page_size=5))
+    assert result.reason == "contract_violation" and "no validator" in result.detail
+    unchanged, _ = _executor().list_identities(source, ListIdentities(cursor=None, page_size=5, validator='W/"a1"'))
+    assert isinstance(unchanged, UnchangedPage)
 
 
 def test_a_retryable_listing_failure_is_retried_within_the_four_attempts():
