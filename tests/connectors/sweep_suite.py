@@ -213,6 +213,21 @@ def test_a_sweep_stops_at_its_page_bound_and_says_so(plant, world, request):
     assert "page bound" in report.detail
 
 
+def test_an_observation_lost_again_after_a_sweep_restored_it_is_restored_by_the_next_sweep(plant, pool, world,
+                                                                                            request):
+    registration = registered(plant, request)
+    stale = world.add_issues(30)[7]
+    plant.sync([registration])
+    for _ in range(2):  # the same version lost twice: each sweep admits it again, none refuses it as seen
+        lose_latest_observation(pool, stale)
+        report = plant.sweep(registration, bounds=JUDGE_ALL)
+        assert [(g.external_ref, g.reason) for g in report.gaps] == [(stale, "stale")]
+        assert report.reobserved == [stale]
+        plant.route()
+        plant.drain([registration.registration_id])
+        assert plant.sweep(registration, bounds=JUDGE_ALL).gaps == []
+
+
 def test_custody_and_observations_lost_between_two_sweeps_are_gaps_of_the_second(plant, pool, world, request):
     registration = registered(plant, request)
     dropped, stale = world.add_issues(150)[20:22]

@@ -18,6 +18,7 @@ last sweep read (`sweep_pages`), and an unchanged page is compared from that sto
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -41,6 +42,8 @@ from nexus_pipelines.connectors.core.values import FetchFailure
 from nexus_pipelines.redaction import one_line
 from nexus_pipelines.workqueue.states import UNFINISHED, sql_in
 
+# Each sweep admits under a namespace of its own: a version lost again after one sweep restored
+# it is admitted again by the next (a shared namespace would refuse it as already delivered).
 SWEEP_NAMESPACE = "issue-sweep"
 SWEPT_MARK = "swept"  # the receipt body key that says a sweep found this version missing
 
@@ -259,7 +262,7 @@ def _reobserve(conn: Connection, registration: Registration, source: SweepSource
                                                                          for v in versions})}
             report.reobserved = store.admit_versions(
                 conn, claim, [_swept(v) for v in versions if v.external_ref in still],
-                namespace=SWEEP_NAMESPACE)
+                namespace=f"{SWEEP_NAMESPACE}:{uuid.uuid4().hex[:12]}")
     except store.PollLeaseLost as exc:
         report.outcome, report.detail = "lease_busy", one_line(str(exc), 300)
     finally:
