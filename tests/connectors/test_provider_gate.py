@@ -111,6 +111,23 @@ def test_githubs_content_writes_past_80_a_minute_wait_for_the_oldest_to_age_out(
     assert gates.admit(policy, write=False) is None  # reads are not content writes
 
 
+def _content_writes_counted(pool) -> int:
+    with pool.connection() as conn:
+        row = conn.execute("SELECT cardinality(recent_writes) FROM provider_gates WHERE gate_key LIKE '% installation %'"
+                           ).fetchone()
+    return row[0] if row else 0
+
+
+def test_a_close_back_of_n_issues_spends_n_content_creating_requests_not_its_closes_or_token(plant, pool, request):
+    with pool.connection() as conn:
+        conn.execute("DELETE FROM provider_gates")
+    registration, refs = _closes_waiting(plant, request, 4)  # the sync mints the installation token
+    report = plant.drain([registration.registration_id])
+    assert report.completed == 4 and all(plant.world.issue_state(ref) == "closed" for ref in refs)
+    # one comment each; the close PATCH and the token exchange create no content on GitHub
+    assert _content_writes_counted(pool) == 4
+
+
 def _gate_process(dsn, served, path):
     env = {**os.environ, served.token_env: served.token, "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen([sys.executable, "-m", "tests.connectors.gate_process", dsn, str(path)], env=env,
