@@ -31,6 +31,9 @@ from nexus_pipelines.integrations.http import ENDPOINT, GateClosed, origin_of
 from nexus_pipelines.redaction import one_line
 
 UNREADABLE_WAIT_S = 5.0
+# the provider counts a request when it arrives, a little after the gate counted it: the
+# oldest must be a little more than a window old before the next may go out
+BUDGET_SLACK = timedelta(seconds=1)
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ class RequestBudget:
     def wait(self, now: datetime, recent: list[datetime]) -> tuple[datetime, str] | None:
         """When a counted request may go out given the sorted times of the counted requests
         before it (None: now), and which window says so: the latest of the full windows."""
-        full = [(recent[-limit] + span, f"at most {limit} {self.what} per {_span(span)}")
+        full = [(recent[-limit] + span + BUDGET_SLACK, f"at most {limit} {self.what} per {_span(span)}")
                 for span, limit in self.windows if len([t for t in recent if t > now - span]) >= limit]
         return max(full, default=None)
 
