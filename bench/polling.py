@@ -17,7 +17,9 @@ simulator in process (its time is measured at the transport and subtracted):
    hour), so the phase waits out the gate's schedule: whenever closes are held it sleeps
    until they are due and drains again (`close_back_gate_wait_s`: the time slept), within
    the schedule the budget sets for M proofs (`close_back_gate_schedule_s`) plus a margin,
-   and checks `close_backs` == `proofs`. The default M is 200: two minutes of GitHub's
+   and checks `close_backs` == `proofs`. The simulator enforces GitHub's documented
+   content limits meanwhile (`close_back_refusals`: its 403/429 answers, 0 when the gate
+   kept every comment inside them). The default M is 200: two minutes of GitHub's
    budget, so the gate is seen at work while `--provider all` stays short (400 would
    wait 4 minutes; past 500 the hourly limit holds the rest for an hour);
 4. the reconciliation sweep: once over the complete intake (`sweep_calls_per_10k`: its
@@ -75,11 +77,14 @@ class TimedTransport(httpx.BaseTransport):
         self.inner, self.operation_of = inner, operation_of
         self.seconds = 0.0
         self.calls: dict[str, int] = {}
+        self.refusals = 0  # answers 403 or 429: a limit (or permission) refusal
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         started = time.perf_counter()
         try:
-            return self.inner.handle_request(request)
+            response = self.inner.handle_request(request)
+            self.refusals += response.status_code in (403, 429)
+            return response
         finally:
             self.seconds += time.perf_counter() - started
             operation = self.operation_of(request)
@@ -193,6 +198,17 @@ def _gate_schedule_s(provider: str, proofs: int) -> float:
     from nexus_pipelines.connectors.github.limits import CONTENT_BUDGET
 
     return max((math.ceil(proofs / limit) - 1) * span.total_seconds() for span, limit in CONTENT_BUDGET.windows)
+
+
+def _documented_write_limits(provider: str, world) -> None:
+    """The simulator enforces the provider's documented content limits from here on, on the real
+    clock (the gate's windows are real time): GitHub's 80 comments a minute and 500 an hour."""
+    if provider == "github":
+        from nexus_pipelines.local.simulators.github import SecondaryLimit
+        from nexus_pipelines.local.simulators.http import SimClock
+
+        world.state.clock = SimClock()  # from the frozen start to now: minutes ahead, nothing expires
+        world.state.secondary = SecondaryLimit()
 
 
 def _drain_close_backs(pool, registry, registration_id: str, schedule_s: float):
@@ -360,6 +376,8 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     for ticket_id in ticket_ids:
         plant.prove(ticket_id, f"bench-{ticket_id}")
     writes_before = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS)
+    _documented_write_limits(provider, world)
+    refusals_before = timed.refusals
     started = time.perf_counter()
     schedule_s = _gate_schedule_s(provider, len(ticket_ids))
     close_backs, gate_wait_s = _drain_close_backs(pool, plant.registry(), rid, schedule_s)
@@ -398,6 +416,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "close_s": round(close_s, 2),
         "close_back_gate_schedule_s": schedule_s,
         "close_back_gate_wait_s": gate_wait_s,
+        "close_back_refusals": timed.refusals - refusals_before,
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
         "sweep_calls_per_10k": round(swept["complete"]["calls"] * 10_000 / max(args.issues, 1), 1),
