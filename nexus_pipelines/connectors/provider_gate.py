@@ -13,7 +13,7 @@ A provider with a proactive budget (GitHub: 80 content-creating requests a minut
 an hour) also counts the requests that spend it, as its adapter classifies them by endpoint
 (`RequestBudget.counts`; the gate never guesses from the method): their times within the
 longest window are kept on the row, and a request that would exceed a window's limit waits
-for the oldest of that window to age out.
+until the oldest of that window is a window (and a second's slack) old.
 """
 
 from __future__ import annotations
