@@ -1,6 +1,6 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
-    python bench/polling.py --provider gitlab|github|jira|both|all [--issues 10000] [--close-backs 1000]
+    python bench/polling.py --provider gitlab|github|jira|both|all [--issues 10000] [--close-backs 200]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
@@ -12,7 +12,16 @@ simulator in process (its time is measured at the transport and subtracted):
    the drain; then N no-op work items drained by the same drain (concurrency, claim
    batch, database) give `noop_items_per_s`, so `apply_vs_noop` compares across machines;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
-3. proofs for M tickets and the drain that closes them: provider calls per close-back;
+3. proofs for M tickets and the drain that closes them: provider calls per close-back.
+   GitHub's gate spends its documented content budget (80 comments a minute, 500 an
+   hour), so the phase waits out the gate's schedule: whenever closes are held it sleeps
+   until they are due and drains again (`close_back_gate_wait_s`: the time slept), within
+   the schedule the budget sets for M proofs (`close_back_gate_schedule_s`) plus a margin,
+   and checks `close_backs` == `proofs`. The simulator enforces GitHub's documented
+   content limits meanwhile (`close_back_refusals`: its 403/429 answers, 0 when the gate
+   kept every comment inside them). The default M is 200: two minutes of GitHub's
+   budget, so the gate is seen at work while `--provider all` stays short (400 would
+   wait 4 minutes; past 500 the hourly limit holds the rest for an hour);
 4. the reconciliation sweep: once over the complete intake (`sweep_calls_per_10k`: its
    provider calls scaled to 10,000 issues), once more with nothing changed
    (`sweep_repeat_calls`, and `sweep_repeat_304s`: the pages answered "not modified" to the
@@ -56,6 +65,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 # The one drain configuration every phase uses (the ticket drain and the no-op drain alike).
 DRAIN = {"concurrency": 2, "claim_batch": 100}
 DRAIN_BUDGET_S = 3600
+CLOSE_MARGIN_S = 300  # the close-back drain's own work past the gate's schedule
+# 200 close-backs fill GitHub's content budget (80 a minute) twice: the gate holds the 81st
+# and the 161st for a minute each (~2 min), well inside its 500 an hour
+CLOSE_BACKS = 200
 TABLES = ("ingress_receipts", "connector_outbox_events", "connector_work_items", "ticket_observations", "tickets")
 
 
@@ -66,11 +79,14 @@ class TimedTransport(httpx.BaseTransport):
         self.inner, self.operation_of = inner, operation_of
         self.seconds = 0.0
         self.calls: dict[str, int] = {}
+        self.refusals = 0  # answers 403 or 429: a limit (or permission) refusal
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         started = time.perf_counter()
         try:
-            return self.inner.handle_request(request)
+            response = self.inner.handle_request(request)
+            self.refusals += response.status_code in (403, 429)
+            return response
         finally:
             self.seconds += time.perf_counter() - started
             operation = self.operation_of(request)
@@ -160,15 +176,71 @@ def _drain_all(pool, registry, registration_id: str, phase: str):
 
     report = drain(pool, registry, registration_ids=[registration_id], retry_policy=NO_WAIT,
                    time_budget_s=DRAIN_BUDGET_S, **DRAIN)
+    left = _unfinished(pool, registration_id)
+    if left:
+        raise BenchFailure(f"bench: the {phase} drain of {registration_id} ended ({report.stopped}) leaving {left}")
+    return report
+
+
+def _unfinished(pool, registration_id: str) -> str:
+    """The registration's work items not completed, by type and state ('' when none)."""
     with pool.connection() as conn:
         left = conn.execute(
             """SELECT work_type, state, count(*) FROM connector_work_items
                 WHERE registration_id = %s AND state <> 'completed' GROUP BY 1, 2 ORDER BY 1, 2""",
             (registration_id,)).fetchall()
-    if left:
-        what = ", ".join(f"{n} {work_type} {state}" for work_type, state, n in left)
-        raise BenchFailure(f"bench: the {phase} drain of {registration_id} ended ({report.stopped}) leaving {what}")
-    return report
+    return ", ".join(f"{n} {work_type} {state}" for work_type, state, n in left)
+
+
+def _gate_schedule_s(provider: str, proofs: int) -> float:
+    """How long the provider's documented budget holds `proofs` close-backs (one content-creating
+    comment each): for every window, the windows after the first that the proofs fill."""
+    if provider != "github":
+        return 0.0  # GitLab and Jira state no proactive budget
+    from nexus_pipelines.connectors.github.limits import CONTENT_BUDGET
+
+    return max((math.ceil(proofs / limit) - 1) * span.total_seconds() for span, limit in CONTENT_BUDGET.windows)
+
+
+def _documented_write_limits(provider: str, world) -> None:
+    """The simulator enforces the provider's documented content limits from here on, on the real
+    clock (the gate's windows are real time): GitHub's 80 comments a minute and 500 an hour."""
+    if provider == "github":
+        from nexus_pipelines.local.simulators.github import SecondaryLimit
+        from nexus_pipelines.local.simulators.http import SimClock
+
+        world.state.clock = SimClock()  # from the frozen start to now: minutes ahead, nothing expires
+        world.state.secondary = SecondaryLimit()
+
+
+def _drain_close_backs(pool, registry, registration_id: str, schedule_s: float):
+    """Drain the close-backs to empty, waiting out the provider gate's schedule: a close the gate
+    holds is a retry due at the gate's time, so the drain is asked again when it is due, until
+    nothing waits. Fails naming what is left past `schedule_s` plus a drain's margin.
+    Returns (completed, seconds slept for the gate)."""
+    from nexus_pipelines.local.worlds.plant import NO_WAIT
+    from nexus_pipelines.workqueue.worker import drain
+
+    give_up = time.monotonic() + schedule_s + CLOSE_MARGIN_S
+    completed, waited = 0, 0.0
+    while True:
+        report = drain(pool, registry, registration_ids=[registration_id], retry_policy=NO_WAIT,
+                       time_budget_s=max(give_up - time.monotonic(), 1.0), **DRAIN)
+        completed += report.completed
+        with pool.connection() as conn:
+            (waiting, due_in) = conn.execute(
+                """SELECT count(*), extract(epoch FROM min(run_after) - now())::float FROM connector_work_items
+                    WHERE registration_id = %s AND work_type = 'issue.close' AND state = 'retry'""",
+                (registration_id,)).fetchone()
+        left = _unfinished(pool, registration_id)
+        if not waiting or time.monotonic() + max(due_in, 0.0) > give_up:
+            if left:
+                raise BenchFailure(f"bench: the close-back drain of {registration_id} ended ({report.stopped}) "
+                                   f"leaving {left}; the gate's schedule for them was {schedule_s:.0f} s "
+                                   f"(+{CLOSE_MARGIN_S:.0f} s margin)")
+            return completed, round(waited, 1)
+        time.sleep(max(due_in, 0.0))
+        waited += max(due_in, 0.0)
 
 
 def _expect(phase: str, what: str, got: int, wanted: int) -> None:
@@ -306,14 +378,17 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     for ticket_id in ticket_ids:
         plant.prove(ticket_id, f"bench-{ticket_id}")
     writes_before = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS)
+    _documented_write_limits(provider, world)
+    refusals_before = timed.refusals
     started = time.perf_counter()
-    closed = _drain_all(pool, plant.registry(), rid, "close-back")
+    schedule_s = _gate_schedule_s(provider, len(ticket_ids))
+    close_backs, gate_wait_s = _drain_close_backs(pool, plant.registry(), rid, schedule_s)
     close_s = time.perf_counter() - started
     close_calls = sum(timed.calls.get(op, 0) for op in CLOSE_OPERATIONS) - writes_before
     with pool.connection() as conn:
         (receipts,) = conn.execute("SELECT count(*) FROM ticket_close_receipts").fetchone()
     _expect("the close-back", "close receipts", receipts, len(ticket_ids))
-    _expect("the close-back drain", "completed close-backs", closed.completed, len(ticket_ids))
+    _expect("the close-back drain", "completed close-backs", close_backs, len(ticket_ids))
 
     sensor_ms = _sensor_tick_ms(dsn, pool, world, folder / provider)
     pool.close()
@@ -336,10 +411,14 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "repoll_calls": repoll_calls,
         "repoll_issues_seen": repoll.totals["issues_seen"],
         "repoll_writes": repoll_writes,
-        "close_backs": closed.completed,
+        "proofs": len(ticket_ids),
+        "close_backs": close_backs,
         "close_calls": close_calls,
-        "close_calls_per_ticket": round(close_calls / max(closed.completed, 1), 2),
+        "close_calls_per_ticket": round(close_calls / max(close_backs, 1), 2),
         "close_s": round(close_s, 2),
+        "close_back_gate_schedule_s": schedule_s,
+        "close_back_gate_wait_s": gate_wait_s,
+        "close_back_refusals": timed.refusals - refusals_before,
         "duplicates": duplicates,
         "sensor_tick_ms": sensor_ms,
         "sweep_calls_per_10k": round(swept["complete"]["calls"] * 10_000 / max(args.issues, 1), 1),
@@ -482,7 +561,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=[*sorted(PROVIDERS), *GROUPS], default="gitlab")
     parser.add_argument("--issues", type=int, default=10_000)
-    parser.add_argument("--close-backs", type=int, default=1_000)
+    parser.add_argument("--close-backs", type=int, default=CLOSE_BACKS)
     args = parser.parse_args()
 
     import os

@@ -9,13 +9,16 @@ remaining wait. After any answer the gate reads the one rate-limit rule
 (`rate_limits.stated_wait`) and holds the key until the stated time. The database clock
 decides: a wait is stored as `now() + seconds` and compared with `now()`.
 
-A provider with a proactive write budget (GitHub: 80 content-creating requests per minute)
-also counts its writes: the writes of the last minute are kept on the row, and a write
-that would exceed the budget waits for the oldest to age out.
+A provider with a proactive budget (GitHub: 80 content-creating requests a minute and 500
+an hour) also counts the requests that spend it, as its adapter classifies them by endpoint
+(`RequestBudget.counts`; the gate never guesses from the method): their times within the
+longest window are kept on the row, and a request that would exceed a window's limit waits
+until the oldest of that window is a window (and a second's slack) old.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -24,27 +27,59 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.connectors.rate_limits import stated_wait
-from nexus_pipelines.integrations.http import GateClosed, origin_of
+from nexus_pipelines.integrations.http import ENDPOINT, GateClosed, origin_of
 from nexus_pipelines.redaction import one_line
 
-WRITE_WINDOW = timedelta(seconds=60)
-SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 UNREADABLE_WAIT_S = 5.0
+# the provider counts a request when it arrives, a little after the gate counted it: the
+# oldest must be a little more than a window old before the next may go out
+BUDGET_SLACK = timedelta(seconds=1)
+
+
+@dataclass(frozen=True)
+class RequestBudget:
+    """A provider's proactive budget: at most `limit` counted requests in any `span`, for each
+    `(span, limit)` of `windows`. `counts` is the provider's one rule for which requests spend
+    it, by the adapter's endpoint name (None for a request that carries none); `what` names
+    them in a hold's line."""
+
+    windows: tuple[tuple[timedelta, int], ...]
+    counts: Callable[[str | None], bool]
+    what: str
+
+    def wait(self, now: datetime, recent: list[datetime]) -> tuple[datetime, str] | None:
+        """When a counted request may go out given the sorted times of the counted requests
+        before it (None: now), and which window says so: the latest of the full windows."""
+        full = [(recent[-limit] + span + BUDGET_SLACK, f"at most {limit} {self.what} per {_span(span)}")
+                for span, limit in self.windows if len([t for t in recent if t > now - span]) >= limit]
+        return max(full, default=None)
+
+    @property
+    def longest(self) -> timedelta:
+        return max(span for span, _ in self.windows)
+
+
+def _span(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    return {60: "minute", 3600: "hour"}.get(seconds, f"{seconds} s")
 
 
 @dataclass(frozen=True)
 class GatePolicy:
     """Who a gate is (`key`: origin plus a non-secret credential identity), which statuses
-    the provider refuses for limits, and its proactive write budget per minute, if any."""
+    the provider refuses for limits, and its proactive request budget, if any."""
 
     key: str
     limit_statuses: frozenset[int]
-    writes_per_minute: int | None = None
+    budget: RequestBudget | None = None
 
     @classmethod
     def for_origin(cls, url: str, identity: str, limit_statuses: frozenset[int],
-                   writes_per_minute: int | None = None) -> GatePolicy:
-        return cls(f"{origin_of(url)} {identity}", limit_statuses, writes_per_minute)
+                   budget: RequestBudget | None = None) -> GatePolicy:
+        return cls(f"{origin_of(url)} {identity}", limit_statuses, budget)
+
+    def spends_budget(self, request: httpx.Request) -> bool:
+        return self.budget is not None and self.budget.counts(request.extensions.get(ENDPOINT))
 
 
 @dataclass(frozen=True)
@@ -81,10 +116,11 @@ class ProviderGates:
     def gate(self, policy: GatePolicy) -> Gate:
         return Gate(self, policy)
 
-    def admit(self, policy: GatePolicy, *, write: bool) -> Held | None:
-        """None when a request may go out now (a budgeted write is counted), else why not."""
+    def admit(self, policy: GatePolicy, *, spends: bool) -> Held | None:
+        """None when a request may go out now (one that `spends` the budget is counted), else why not."""
         with self._pool.connection() as conn:
-            if not (write and policy.writes_per_minute):
+            budget = policy.budget
+            if not (spends and budget):
                 row = conn.execute(_READ, (policy.key,)).fetchone()
                 return _held(policy.key, *row) if row else None
             with conn.transaction():
@@ -93,10 +129,10 @@ class ProviderGates:
                 held = _held(policy.key, now, until, said)
                 if held is not None:
                     return held
-                recent = sorted(t for t in recent if t > now - WRITE_WINDOW)
-                if len(recent) >= policy.writes_per_minute:
-                    return _held(policy.key, now, recent[-policy.writes_per_minute] + WRITE_WINDOW,
-                                 f"at most {policy.writes_per_minute} writes per minute")
+                recent = sorted(t for t in recent if t > now - budget.longest)
+                full = budget.wait(now, recent)
+                if full is not None:
+                    return _held(policy.key, now, *full)
                 conn.execute("UPDATE provider_gates SET recent_writes = %s, updated_at = now() WHERE gate_key = %s",
                              ([*recent, now], policy.key))
         return None
@@ -127,7 +163,7 @@ class Gate:
 
     def admit(self, request: httpx.Request) -> None:
         try:
-            held = self._gates.admit(self.policy, write=request.method not in SAFE_METHODS)
+            held = self._gates.admit(self.policy, spends=self.policy.spends_budget(request))
         except psycopg.OperationalError:
             # no request goes out unasked: a control plane that cannot answer holds it briefly
             raise GateClosed(f"{self.policy.key}: the provider gate could not be read (control plane unreachable); "

@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from nexus_pipelines.connectors.core import store
-from nexus_pipelines.connectors.github.limits import CONTENT_WRITES_PER_MINUTE, LIMIT_STATUSES
+from nexus_pipelines.connectors.github.limits import CONTENT_BUDGET, LIMIT_STATUSES
 from nexus_pipelines.connectors.provider_gate import GatePolicy, ProviderGates
+from nexus_pipelines.integrations.http import ENDPOINT
 from nexus_pipelines.local.simulators.github import SecondaryLimit
 from nexus_pipelines.local.simulators.gitlab import RateLimit
 from nexus_pipelines.local.worlds.github import GitHubWorld
@@ -99,16 +100,63 @@ def test_a_manual_poll_keeps_the_wait_a_throttled_poll_learned(plant, pool, requ
     assert "throttled" in line and "\n" not in line
 
 
-def test_githubs_content_writes_past_80_a_minute_wait_for_the_oldest_to_age_out(pool):
-    gates = ProviderGates(pool)
-    policy = GatePolicy.for_origin("https://api.github.example", "installation 9", LIMIT_STATUSES,
-                                   CONTENT_WRITES_PER_MINUTE)
+def _github_budget(pool):
+    policy = GatePolicy.for_origin("https://api.github.example", "installation 9", LIMIT_STATUSES, CONTENT_BUDGET)
     with pool.connection() as conn:
         conn.execute("DELETE FROM provider_gates WHERE gate_key = %s", (policy.key,))
-    assert [gates.admit(policy, write=True) for _ in range(CONTENT_WRITES_PER_MINUTE)] == [None] * 80
-    held = gates.admit(policy, write=True)
-    assert held is not None and 55 <= held.wait_s <= 60 and "80 writes per minute" in held.said
-    assert gates.admit(policy, write=False) is None  # reads are not content writes
+    return ProviderGates(pool), policy
+
+
+def _github_request(method, endpoint):
+    return httpx.Request(method, "https://api.github.example/repos/o/r/issues/1", extensions={ENDPOINT: endpoint})
+
+
+def test_githubs_content_creation_past_80_a_minute_waits_for_the_oldest_to_age_out(pool):
+    gates, policy = _github_budget(pool)
+    assert [gates.admit(policy, spends=True) for _ in range(80)] == [None] * 80
+    held = gates.admit(policy, spends=True)
+    assert held is not None and 56 <= held.wait_s <= 61  # a minute after the first, and a second's slack
+    assert held.said == "at most 80 content-creating requests per minute"
+    assert gates.admit(policy, spends=False) is None  # a request that creates nothing goes out
+
+
+def test_githubs_content_creation_past_500_an_hour_waits_for_the_hours_oldest_to_age_out(pool):
+    gates, policy = _github_budget(pool)
+    with pool.connection() as conn:  # 500 creations spread over the last hour, 7 s apart, none in the last minute
+        conn.execute("""INSERT INTO provider_gates (gate_key, recent_writes)
+                        SELECT %s, array_agg(now() - make_interval(secs => 3590 - 7 * n))
+                          FROM generate_series(0, 499) n""", (policy.key,))
+    held = gates.admit(policy, spends=True)
+    assert held is not None and 10 <= held.wait_s <= 11 and held.said.endswith("500 content-creating requests per hour")
+
+
+def test_only_the_requests_githubs_adapter_says_create_content_spend_the_budget(pool):
+    gates, policy = _github_budget(pool)
+    gate = gates.gate(policy)
+    for method, endpoint in [("PATCH", "update_issue"), ("POST", "create_token"), ("GET", "list_comments"),
+                             ("POST", "create_comment"), ("GET", "an_endpoint_no_one_classified"), ("GET", None)]:
+        gate.admit(_github_request(method, endpoint))
+    with pool.connection() as conn:
+        (counted,) = conn.execute("SELECT cardinality(recent_writes) FROM provider_gates WHERE gate_key = %s",
+                                  (policy.key,)).fetchone()
+    assert counted == 3  # the comment, and the two requests nobody classified (the safe side)
+
+
+def _content_writes_counted(pool) -> int:
+    with pool.connection() as conn:
+        row = conn.execute("""SELECT cardinality(recent_writes) FROM provider_gates
+                                WHERE gate_key LIKE '% installation %'""").fetchone()
+    return row[0] if row else 0
+
+
+def test_a_close_back_of_n_issues_spends_n_content_creating_requests_not_its_closes_or_token(plant, pool, request):
+    with pool.connection() as conn:
+        conn.execute("DELETE FROM provider_gates")
+    registration, refs = _closes_waiting(plant, request, 4)  # the sync mints the installation token
+    report = plant.drain([registration.registration_id])
+    assert report.completed == 4 and all(plant.world.issue_state(ref) == "closed" for ref in refs)
+    # one comment each; the close PATCH and the token exchange create no content on GitHub
+    assert _content_writes_counted(pool) == 4
 
 
 def _gate_process(dsn, served, path):

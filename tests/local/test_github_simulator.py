@@ -204,6 +204,23 @@ def test_secondary_limits_on_content_creation(state, client, retry_after):
     assert refused.headers.get("retry-after") == (str(retry_after) if retry_after else None)
 
 
+
+def test_content_creation_past_the_hourly_limit_is_refused_though_the_minute_has_room(state, client):
+    authed(client)
+    seed(state, 1)
+    state.secondary = SecondaryLimit(creations=2, hourly_creations=3, retry_after=45)
+    comment = lambda: client.post("/repos/acme/app/issues/1/comments", json={"body": "x"})  # noqa: E731
+    assert [comment().status_code for _ in range(2)] == [201, 201]
+    state.clock.advance(61)
+    assert comment().status_code == 201  # the third of the hour, the first of this minute
+    refused = comment()
+    assert refused.status_code == 403 and refused.headers["retry-after"] == "45"
+    assert client.patch("/repos/acme/app/issues/1", json={"state": "closed"}).status_code == 200  # no content
+    state.clock.advance(3600)
+    token = mint(client, token=app_jwt(state.clock.now())).json()["token"]  # the first one lasted an hour
+    client.headers["Authorization"] = f"token {token}"
+    assert comment().status_code == 201
+
 def test_a_secondary_limit_blocks_the_installations_creation_from_every_client_until_its_retry_after(state):
     seed(state, 1)
     state.secondary = SecondaryLimit(creations=2, retry_after=45)

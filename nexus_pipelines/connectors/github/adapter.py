@@ -54,7 +54,7 @@ from nexus_pipelines.connectors.github.app_auth import (
 from nexus_pipelines.connectors.github.closeback import CloseBack
 from nexus_pipelines.connectors.github.config import GitHubConfig
 from nexus_pipelines.connectors.github.cursor import CursorError, GitHubCursor, format_time
-from nexus_pipelines.connectors.github.limits import CONTENT_WRITES_PER_MINUTE, LIMIT_STATUSES, status_problem
+from nexus_pipelines.connectors.github.limits import CONTENT_BUDGET, LIMIT_STATUSES, status_problem
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
@@ -153,7 +153,7 @@ class GitHubConnector:
         self._installation = Installation(config.app_id, config.installation_id, config.repository_id)
         self._token = InstallationToken(self._installation, self._clock)
         gate = context.gate(GatePolicy.for_origin(config.api_url, f"installation {config.installation_id}",
-                                                  LIMIT_STATUSES, CONTENT_WRITES_PER_MINUTE))
+                                                  LIMIT_STATUSES, CONTENT_BUDGET))
         self._http = make_client(
             config.api_url, transport=context.transport, counter=context.counter, gate=gate,
             headers={"Accept": "application/vnd.github+json", "User-Agent": "nexus-pipelines",

@@ -30,12 +30,14 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
   writes, with a `Location` under `/repositories/{id}`.
 * Rate limits with GitHub's headers: a primary budget per installation (403 with
   `x-ratelimit-remaining: 0` until `x-ratelimit-reset`; `x-ratelimit-*` on every
-  answer), a secondary limit on content creation: the creation past `creations` in any
-  60 s (per installation, whichever client or process sends it) blocks the
-  installation's content creation for `retry_after` seconds (a minute when GitHub sends
-  only the message), and every creation meanwhile is refused again (403 with the
-  remaining `retry-after`, or only the message). `limited_calls` counts requests that
-  arrived while a limit was already in force (the primary budget spent, a block).
+  answer), a secondary limit on content creation (GitHub's 80 content-creating requests
+  a minute and 500 an hour; of the routes here only a comment creates content): the
+  creation past `creations` in any 60 s or past `hourly_creations` in any hour (per
+  installation, whichever client or process sends it) blocks the installation's content
+  creation for `retry_after` seconds (a minute when GitHub sends only the message), and
+  every creation meanwhile is refused again (403 with the remaining `retry-after`, or only
+  the message). `limited_calls` counts requests that arrived while a limit was already in
+  force (the primary budget spent, a block).
 * The fault rows every simulator shares (`FaultQueue`, per operation name).
 """
 
@@ -172,8 +174,9 @@ class PrimaryLimit:
 
 @dataclass
 class SecondaryLimit:
-    creations: int  # content-creating requests per minute
+    creations: int = 80  # content-creating requests per minute
     retry_after: int | None = 60  # None: GitHub sends only the message
+    hourly_creations: int = 500  # content-creating requests per hour
 
 
 class GitHubState:
@@ -193,7 +196,7 @@ class GitHubState:
         self.limited_calls = 0
         self.charged_calls = 0  # answers that counted against the primary limit (a 304 does not)
         self._used: Counter[tuple[int, int]] = Counter()
-        self._created: dict[int, list[datetime]] = {}  # creation times of the last minute, per installation
+        self._created: dict[int, list[datetime]] = {}  # creation times of the last hour, per installation
         self._blocked_until: dict[int, datetime] = {}
         self._ids = itertools.count(1000)
         self._lock = threading.RLock()
@@ -323,8 +326,9 @@ class GitHubState:
             if until is not None and now < until:
                 self.limited_calls += 1
                 return {"retry-after": str(max(int((until - now).total_seconds()), 1))} if wait else {}
-            recent = [t for t in self._created.get(installation_id, []) if t > now - timedelta(seconds=60)]
-            if len(recent) >= self.secondary.creations:
+            recent = [t for t in self._created.get(installation_id, []) if t > now - timedelta(hours=1)]
+            last_minute = [t for t in recent if t > now - timedelta(minutes=1)]
+            if len(last_minute) >= self.secondary.creations or len(recent) >= self.secondary.hourly_creations:
                 self._blocked_until[installation_id] = now + timedelta(seconds=wait or 60)
                 return {"retry-after": str(wait)} if wait else {}
             self._created[installation_id] = [*recent, now]
