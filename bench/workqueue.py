@@ -207,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                 "wall_s_runs": [r["wall_s"] and round(r["wall_s"], 3) for r in s["runs"]],
                 "wal_bytes_per_item_runs": [r["wal_bytes_per_item"] for r in s["runs"]],
                 "checkpoint_in_wal_window": [r["checkpoint_in_window"] for r in s["runs"]],
+                "wal_lsn_ranges": [r["wal_lsn_range"] for r in s["runs"]],
                 "verification": [
                     {"effects": r["effects"], "distinct_effects": r["distinct_effects"], **r["queue"], "error": r["error"]}
                     for r in s["runs"]

@@ -108,6 +108,7 @@ class RunResult:
     distinct_effects: int | None = None
     queue: dict = field(default_factory=dict)
     wal_bytes: int | None = None
+    wal_lsn_range: tuple[str, str] | None = None  # for pg_waldump --stats -s START -e END
     wal_bytes_per_item: float | None = None
     checkpoint_in_window: bool | None = None
     error: str | None = None
@@ -171,6 +172,7 @@ def run_once(
         result.wall_s = max(finished for _, finished, _, _ in reports) - t0
         wal_end, redo_end = wal_position(dsn)
         result.wal_bytes = wal_between(dsn, wal_start, wal_end)
+        result.wal_lsn_range = (wal_start, wal_end)
         result.wal_bytes_per_item = round(result.wal_bytes / n, 1)
         result.checkpoint_in_window = redo_end != redo_start
         result.jobs_per_s = n / result.wall_s
