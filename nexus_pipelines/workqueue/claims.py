@@ -214,10 +214,10 @@ cand AS (
                    AND t.target_lane_key IS NOT NULL
                    AND t.state = '{RUNNING}'))
          ORDER BY w.queue_class, w.run_after, w.work_id
-        ) f
-       -- the claim's hold on a candidate until it commits (see "Candidate locks"); a
-       -- volatile qual, so it is not pushed into the scan and runs only on rows that
-       -- passed the lane probes
+        OFFSET 0) f
+       -- the claim's hold on a candidate until it commits (see "Candidate locks"); OFFSET 0
+       -- keeps it out of the scan's filter, so it runs only on rows that passed the lane
+       -- probes (the planner would evaluate the cheap lock before the probes)
        WHERE pg_try_advisory_xact_lock((f.work_id >> 31)::int, (f.work_id & 2147483647)::int)
        LIMIT %(scan)s
      ) c
