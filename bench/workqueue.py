@@ -9,7 +9,16 @@ fresh database on one Postgres server (NEXUS_PG_DSN, else an embedded server wit
 durable settings in a temp folder). Throughput = N / (wall time from the release of the
 start barrier to the last worker finishing). Every run is verified in the database:
 each job's handler ran exactly once and the queue itself shows every job done.
+Each run also reports its WAL bytes per item (the server's WAL position around the
+run, `bench/peers/common.py`). With both systems measured, `nexus_vs_raw` is nexus's
+throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`).
 Progress goes to stderr; the last line of stdout is one JSON object.
+
+Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): nexus drains the same
+N items again with H more enqueued in front of them that all write one hot target lane
+(one running at a time), and `fairness_slowdown` = 1 - (the other lanes' throughput with
+the hot lane) / (their throughput without it, the nexus run above); both are counted on
+the database clock from the first claim to the last other-lane item finishing.
 
 --gates N times, each on N pending items with source and target lanes, in a database of
 its own: the rollback (claims disabled, then the fence transaction that fences every item
@@ -28,6 +37,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -79,6 +89,42 @@ def _gates(n: int, with_event_path: bool) -> int:
     return 0 if result["verified"] else 1
 
 
+def _ratio(summaries: dict[str, dict], system: str, baseline: str) -> float | None:
+    a, b = summaries.get(system), summaries.get(baseline)
+    if not (a and b and a["verified"] and b["verified"]):
+        return None
+    return round(a["jobs_per_s"] / b["jobs_per_s"], 3)
+
+
+def _other_lanes_rate(runs: list) -> float | None:
+    rates = [r.queue.get("other_lanes_items_per_s") for r in runs if r.ok]
+    return statistics.median(rates) if rates and len(rates) == len(runs) and None not in rates else None
+
+
+def _fairness(server_dsn: str, args, plain_runs: list) -> dict:
+    """The nexus runs again with `args.hot_items` hot-target-lane items in front of the same items."""
+    hot_runs = []
+    for k in range(args.repeat):
+        log(f"nexus fairness: run {k + 1}/{args.repeat}, {args.hot_items} hot-lane items + {args.items} others")
+        run = run_once("nexus", server_dsn, args.items + args.hot_items, args.workers, args.timeout,
+                       f"{os.getpid()}_hot{k}", hot=args.hot_items)
+        log(f"nexus fairness: {'verified' if run.ok else 'FAILED: ' + str(run.error)}; "
+            f"other lanes {run.queue.get('other_lanes_items_per_s')} items/s, all items {run.wall_s}s")
+        hot_runs.append(run)
+    without, with_hot = _other_lanes_rate(plain_runs), _other_lanes_rate(hot_runs)
+    return {
+        "hot_items": args.hot_items,
+        "other_items": args.items,
+        "other_lanes_items_per_s_without_hot": without,
+        "other_lanes_items_per_s_with_hot": with_hot,
+        "fairness_slowdown": round(1 - with_hot / without, 3) if without and with_hot else None,
+        "all_items_wall_s_runs": [r.wall_s and round(r.wall_s, 2) for r in hot_runs],
+        "wal_bytes_per_item_runs": [r.wal_bytes_per_item for r in hot_runs],
+        "verified": bool(hot_runs) and all(r.ok for r in hot_runs),
+        "errors": [r.error for r in hot_runs if r.error],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=20000)
@@ -86,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs per system; the median is reported")
     parser.add_argument("--systems", default=",".join(DRIVERS), help=f"comma-separated subset of {','.join(DRIVERS)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per system run before it fails")
+    parser.add_argument("--hot-items", type=int, default=10000, metavar="H",
+                        help="items of the fairness row's hot target lane (0: no fairness row)")
     parser.add_argument("--gates", type=int, default=None, metavar="N",
                         help="time the rollback fence and the re-cutover with N pending items instead")
     parser.add_argument("--with-event-path", action="store_true",
@@ -120,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         for system in systems:
             summaries[system] = summarize(system, runs[system])
             summaries[system]["options"] = getattr(driver(system), "OPTIONS", {})
+        fairness = None
+        if "nexus" in systems and args.hot_items > 0:
+            fairness = _fairness(server_dsn, args, runs["nexus"])
 
     print(f"work-queue throughput: {args.items} no-op jobs, {args.workers} worker process(es), "
           f"median of {args.repeat}, Postgres {server_version} (fsync={fsync})")
@@ -127,7 +178,15 @@ def main(argv: list[str] | None = None) -> int:
         rate = f"{s['jobs_per_s']:>10,.0f} jobs/s  {s['wall_s']:>8.2f} s" if s["verified"] else f"{'FAILED':>10}"
         last = s["runs"][-1]
         detail = last["error"] or f"effects {last['effects']}/{last['distinct_effects']} distinct, queue {last['queue']}"
-        print(f"  {system:<16} {rate}  {detail}  options {s['options']}")
+        wal = f"{s['wal_bytes_per_item']:>7,.0f} B WAL/item" if s["verified"] else ""
+        print(f"  {system:<16} {rate}  {wal}  {detail}  options {s['options']}")
+    ratio = _ratio(summaries, "nexus", "raw_skip_locked")
+    if ratio is not None:
+        print(f"  nexus_vs_raw {ratio:.3f}")
+    if fairness is not None:
+        print(f"  fairness: other lanes {fairness['other_lanes_items_per_s_without_hot']} items/s without, "
+              f"{fairness['other_lanes_items_per_s_with_hot']} with {args.hot_items} hot-lane items: "
+              f"slowdown {fairness['fairness_slowdown']}")
 
     result = {
         "items": args.items,
@@ -135,12 +194,20 @@ def main(argv: list[str] | None = None) -> int:
         "repeat": args.repeat,
         **{f"{system}_jobs_per_s": summaries[system]["jobs_per_s"] if system in summaries else None for system in DRIVERS},
         **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
-        "verified": bool(summaries) and all(s["verified"] for s in summaries.values()),
+        **{f"{system}_wal_bytes_per_item": summaries[system]["wal_bytes_per_item"] for system in summaries},
+        "nexus_vs_raw": ratio,
+        "fairness_slowdown": fairness and fairness["fairness_slowdown"],
+        "fairness": fairness,
+        "verified": bool(summaries) and all(s["verified"] for s in summaries.values())
+                    and (fairness is None or fairness["verified"]),
         "verified_by_system": {system: s["verified"] for system, s in summaries.items()},
         "systems": {
             system: {
                 "jobs_per_s_runs": [r["jobs_per_s"] and round(r["jobs_per_s"], 1) for r in s["runs"]],
                 "wall_s_runs": [r["wall_s"] and round(r["wall_s"], 3) for r in s["runs"]],
+                "wal_bytes_per_item_runs": [r["wal_bytes_per_item"] for r in s["runs"]],
+                "checkpoint_in_wal_window": [r["checkpoint_in_window"] for r in s["runs"]],
+                "wal_lsn_ranges": [r["wal_lsn_range"] for r in s["runs"]],
                 "verification": [
                     {"effects": r["effects"], "distinct_effects": r["distinct_effects"], **r["queue"], "error": r["error"]}
                     for r in s["runs"]

@@ -9,9 +9,17 @@ A driver is a module with three functions:
                                                     must contain "queue_ok": bool
 
 The handler of every system is a no-op that appends its job id to a per-process list;
-the harness writes that list to the `effects` table with one COPY after the worker has
-finished draining (outside the timed window, identical for every system), and checks
-exactly-once there: count(*) = n and count(distinct job_id) = n.
+the worker hands that list back and the harness writes it to the `effects` table with
+one COPY per worker after every worker has finished draining (outside the timed window
+and the WAL window, identical for every system), and checks exactly-once there:
+count(*) = n and count(distinct job_id) = n.
+
+WAL per item: the server's WAL insert position (`pg_current_wal_lsn()`) is read just
+before the start barrier is released and again once every worker has reported, and
+`pg_wal_lsn_diff` of the two over n is the run's WAL bytes per item. The position is
+server-wide, so the systems run one at a time; the run also reports whether a
+checkpoint began inside the window (the first change of each page after a checkpoint
+logs a full page image, which would inflate the figure).
 """
 
 from __future__ import annotations
@@ -71,10 +79,9 @@ def _worker_main(system: str, dsn: str, worker_index: int, n: int, start, result
     try:
         handled = driver(system).run_worker(dsn, worker_index, n, start)
         finished = time.monotonic()  # CLOCK_MONOTONIC: comparable across processes on Linux
-        write_effects(dsn, worker_index, handled)
-        results.put((worker_index, finished, len(handled), None))
+        results.put((worker_index, finished, handled, None))
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the run
-        results.put((worker_index, time.monotonic(), 0, traceback.format_exc()))
+        results.put((worker_index, time.monotonic(), [], traceback.format_exc()))
         try:
             start.abort()  # a worker failing before the barrier must not hang the others
         except Exception:  # noqa: BLE001
@@ -100,10 +107,28 @@ class RunResult:
     effects: int | None = None
     distinct_effects: int | None = None
     queue: dict = field(default_factory=dict)
+    wal_bytes: int | None = None
+    wal_lsn_range: tuple[str, str] | None = None  # for pg_waldump --stats -s START -e END
+    wal_bytes_per_item: float | None = None
+    checkpoint_in_window: bool | None = None
     error: str | None = None
 
 
-def run_once(system: str, server_dsn: str, n: int, workers: int, timeout_s: float, tag: str) -> RunResult:
+def wal_position(dsn: str) -> tuple[str, str]:
+    """The server's WAL insert position and the redo position of its latest checkpoint."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return conn.execute("SELECT pg_current_wal_lsn()::text, redo_lsn::text FROM pg_control_checkpoint()").fetchone()
+
+
+def wal_between(dsn: str, start_lsn: str, end_lsn: str) -> int:
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        return int(conn.execute("SELECT pg_wal_lsn_diff(%s::pg_lsn, %s::pg_lsn)", (end_lsn, start_lsn)).fetchone()[0])
+
+
+def run_once(
+    system: str, server_dsn: str, n: int, workers: int, timeout_s: float, tag: str, **setup_options
+) -> RunResult:
+    """One timed, verified run; `setup_options` go to the driver's `setup` (a workload shape)."""
     result = RunResult(system)
     dbname = f"bench_wq_{system}_{tag}"
     drop_database(server_dsn, dbname)
@@ -114,7 +139,7 @@ def run_once(system: str, server_dsn: str, n: int, workers: int, timeout_s: floa
     try:
         create_effects_table(dsn)
         t = time.monotonic()
-        driver(system).setup(dsn, n)
+        driver(system).setup(dsn, n, **setup_options)
         log(f"{system}: enqueued {n} jobs in {time.monotonic() - t:.1f}s (not timed); starting {workers} worker(s)")
         start = ctx.Barrier(workers + 1)
         results = ctx.Queue()
@@ -124,6 +149,7 @@ def run_once(system: str, server_dsn: str, n: int, workers: int, timeout_s: floa
         ]
         for proc in procs:
             proc.start()
+        wal_start, redo_start = wal_position(dsn)
         try:
             start.wait(timeout=120)  # every worker is connected and ready
         except threading.BrokenBarrierError:
@@ -144,10 +170,17 @@ def run_once(system: str, server_dsn: str, n: int, workers: int, timeout_s: floa
                 raise RuntimeError(f"{system} worker {report[0]} failed:\n{report[3]}")
             reports.append(report)
         result.wall_s = max(finished for _, finished, _, _ in reports) - t0
+        wal_end, redo_end = wal_position(dsn)
+        result.wal_bytes = wal_between(dsn, wal_start, wal_end)
+        result.wal_lsn_range = (wal_start, wal_end)
+        result.wal_bytes_per_item = round(result.wal_bytes / n, 1)
+        result.checkpoint_in_window = redo_end != redo_start
         result.jobs_per_s = n / result.wall_s
-        result.per_worker_jobs = [count for _, _, count, _ in sorted(reports)]
+        result.per_worker_jobs = [len(handled) for _, _, handled, _ in sorted(reports)]
         for proc in procs:
             proc.join(timeout=30)
+        for worker_index, _, handled, _ in reports:
+            write_effects(dsn, worker_index, handled)
         result.effects, result.distinct_effects = effect_counts(dsn)
         result.queue = driver(system).verify(dsn, n)
         result.ok = result.effects == n and result.distinct_effects == n and bool(result.queue.get("queue_ok"))
@@ -177,5 +210,6 @@ def summarize(system: str, runs: list[RunResult]) -> dict:
         "verified": verified,
         "jobs_per_s": round(statistics.median(r.jobs_per_s for r in runs), 1) if verified else None,
         "wall_s": round(statistics.median(r.wall_s for r in runs), 3) if verified else None,
+        "wal_bytes_per_item": round(statistics.median(r.wal_bytes_per_item for r in runs), 1) if verified else None,
         "runs": [asdict(r) for r in runs],
     }

@@ -9,6 +9,13 @@ marker: with `NOOP` the drain completes items straight from the claim without ca
 anything, so nothing could record the execution (BENCH_NEXUS_HANDLER=noop measures
 that path anyway; its verification fails by design).
 
+Hot lane (`setup(..., hot=H)`, the fairness row): the first H of the n items all write
+one target lane `hot` (each from a source lane of its own, so only the target lane rule
+holds them back), enqueued before the others, so they sit at the front of the claim
+order and every claim meets them first. `verify` then also reports the other lanes'
+throughput: their count over the database time from the first claim to the last of
+them finishing.
+
 Stop rule: `drain(idle_exit=True)` stops on its first empty claim, and with lanes and
 several workers a claim comes back empty while work remains (every due lane head is
 held by another worker), so workers quit early and one finishes alone. Each worker
@@ -54,14 +61,20 @@ def _target_lane(i: int) -> str:
     return f"t{(7 * (i % LANES) + i // LANES) % LANES}"
 
 
-def setup(dsn: str, n: int) -> None:
+HOT_LANE = "hot"
+
+
+def _work(i: int, hot: int) -> NewWork:
+    if i < hot:
+        return NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"h{i}", target_lane_key=HOT_LANE)
+    return NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"s{i % LANES}", target_lane_key=_target_lane(i))
+
+
+def setup(dsn: str, n: int, hot: int = 0) -> None:
     apply_migrations(dsn)
     with connect(dsn) as conn:
         generations.activate(conn, REGISTRATION, REVISION, recorded_by="bench", route_versions={"bulk": 1})
-        items = (
-            NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"s{i % LANES}", target_lane_key=_target_lane(i))
-            for i in range(n)
-        )
+        items = (_work(i, hot) for i in range(n))
         created = enqueue_work_items(conn, items, registration_id=REGISTRATION, revision=REVISION)
         conn.execute("VACUUM ANALYZE connector_work_items")
         conn.execute("VACUUM ANALYZE connector_outbox_events")
@@ -126,6 +139,13 @@ def verify(dsn: str, n: int) -> dict:
         joined = conn.execute(
             "SELECT count(*) FROM public.bench_effects e JOIN connector_work_items w ON w.work_id = e.job_id"
         ).fetchone()[0]
+        others, others_span = conn.execute(
+            """SELECT count(*) FILTER (WHERE target_lane_key <> %(hot)s),
+                      extract(epoch FROM max(finished_at) FILTER (WHERE target_lane_key <> %(hot)s)
+                                         - min(claimed_at))
+                 FROM connector_work_items""",
+            {"hot": HOT_LANE},
+        ).fetchone()
     return {
         "items": total,
         "completed": completed,
@@ -135,5 +155,7 @@ def verify(dsn: str, n: int) -> dict:
         "claim_statements": claims,
         "complete_statements": completes,
         "db_span_s": round(float(span), 3),
+        "other_lane_items": others,
+        "other_lanes_items_per_s": round(others / float(others_span), 1) if others and others_span else None,
         "queue_ok": total == n and completed == n and once == n and tokens == n and joined == n,
     }

@@ -1,12 +1,23 @@
 """Claiming and finalizing work items: batched, compare-and-swap, fenced by token.
 
 Claim: one statement finds candidates through the `connector_work_items_due` index
-(only generations whose status is 'active'), locks them with `FOR UPDATE SKIP
-LOCKED` and takes them by primary-key compare-and-swap (state and seen token
-unchanged), giving each a fresh token from the `workqueue_tokens` sequence (no
-cache, so tokens strictly increase), the caller as owner and a lease deadline
-computed from the database clock. Attempts are counted at claim time, so an attempt
-whose holder dies still counts.
+(only generations whose status is 'active'), holds them with a transaction-scoped
+advisory try-lock each (skipping those another claim holds) and takes them by
+primary-key compare-and-swap (state and seen token unchanged), giving each a fresh
+token from the `workqueue_tokens` sequence (no cache, so tokens strictly increase),
+the caller as owner and a lease deadline computed from the database clock. Attempts
+are counted at claim time, so an attempt whose holder dies still counts.
+
+Candidate locks: the try-lock does what `FOR UPDATE SKIP LOCKED` did, without its
+costs. A row lock is written to the row (one WAL record per candidate), and in READ
+COMMITTED a row that another claim took after this claim's snapshot is locked in its
+newest version before the recheck rejects it, so a claim also held (and logged) locks
+on other drains' running items, whose completions then waited for it. An advisory
+lock lives only in the lock manager. Two claims never take the same candidate at once
+(the second one's try-lock fails), and a claim that meets a candidate another claim
+took and committed skips it at the compare-and-swap (the update rechecks the newest
+version: no longer claimable). The key is the work_id as two int4 halves, a lock
+space no other advisory lock of the project uses (they take one bigint key).
 
 Fencing: `renew`, `complete` and `finalize_failures` (retry / dead) update only rows
 whose current token is the caller's, whose state is 'running' and whose lease has not
@@ -14,13 +25,11 @@ expired; rows not returned are lost to the caller, which must stop working on th
 `reclaim_expired` moves expired leases back to 'retry' (or to 'dead' once the attempt
 budget is spent), guarded by the token it saw, with the delay of the one retry policy.
 
-No lock cycle: a claim's `FOR UPDATE SKIP LOCKED` keeps a lock on every candidate row
-that another claim took after this claim's snapshot (PostgreSQL locks the newest
-version before rechecking it), and a claim can wait in a lane's unique index for the
-transaction that is finishing the lane's running item. That transaction can wait for
-the first lock: a cycle (seen as DeadlockDetected in `complete` under load). So a
-claim never waits longer than CLAIM_LOCK_BUDGET_MS for any lock (a statement-local
-`lock_timeout`); a claim that runs out of it lost a lane race and claims again.
+No lock cycle: a claim can wait in a lane's unique index for the transaction that is
+finishing the lane's running item, and for the generation row while a gate holds it.
+It holds no row lock on anyone's running item (see "Candidate locks"), and still never
+waits longer than CLAIM_LOCK_BUDGET_MS for any lock (a statement-local
+`lock_timeout`): a claim that runs out of it lost a lane race and claims again.
 Renewal locks its rows in work_id order and skips rows locked by others (renewed on
 the next beat), failures lock theirs in work_id order, reclaims skip locked rows. A
 drain retries a fenced statement that still meets a deadlock, serialization or lock
@@ -34,11 +43,12 @@ reads to tell a pre-dispatch retry from one with a prior dispatch.
 
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
-  claimable, and the partial unique index `connector_work_items_source_inflight`
-  allows at most one running item per lane. The head check is two index probes: no
-  lower pending / retry item of the lane (`connector_work_items_source_lane`, which
-  holds only pending and retry rows, so a claim adds no entry to it) and no running
-  item of the lane at all (`connector_work_items_source_inflight`). A running item
+  claimable, and the partial unique index `connector_work_items_running` (every
+  running row, keyed by source lane; NULL keys are distinct) allows at most one
+  running item per lane. The head check is two index probes: no lower pending / retry
+  item of the lane (`connector_work_items_source_lane`, which holds only pending and
+  retry rows, so a claim adds no entry to it) and no running item of the lane at all
+  (`connector_work_items_running`). A running item
   of the lane is its head (or a replayed item's successor), so this is the "lowest
   unfinished" rule, and it never picks an item the unique index would reject.
 * Target mutation lane: at most one running item per lane, enforced by the partial
@@ -172,6 +182,8 @@ cand AS (
     SELECT c.work_id, c.lease_token, c.registration_id, c.target_lane_key
       FROM gens g
      CROSS JOIN LATERAL (
+      SELECT f.work_id, f.lease_token, f.registration_id, f.target_lane_key
+        FROM (
         SELECT w.work_id, w.lease_token, w.registration_id, w.target_lane_key
           FROM connector_work_items w
          WHERE w.registration_id = g.registration_id
@@ -194,8 +206,7 @@ cand AS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id
                    AND r.source_lane_key = w.source_lane_key
-                   AND r.source_lane_key IS NOT NULL
-                   AND r.state = '{RUNNING}')))
+                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))
            AND (w.target_lane_key IS NULL OR NOT EXISTS (
                 SELECT 1 FROM connector_work_items t
                  WHERE t.registration_id = w.registration_id
@@ -203,8 +214,12 @@ cand AS (
                    AND t.target_lane_key IS NOT NULL
                    AND t.state = '{RUNNING}'))
          ORDER BY w.queue_class, w.run_after, w.work_id
-         LIMIT %(scan)s
-           FOR UPDATE OF w SKIP LOCKED
+        OFFSET 0) f
+       -- the claim's hold on a candidate until it commits (see "Candidate locks"); OFFSET 0
+       -- keeps it out of the scan's filter, so it runs only on rows that passed the lane
+       -- probes (the planner would evaluate the cheap lock before the probes)
+       WHERE pg_try_advisory_xact_lock((f.work_id >> 31)::int, (f.work_id & 2147483647)::int)
+       LIMIT %(scan)s
      ) c
 ),
 pick AS (
@@ -406,7 +421,7 @@ _EXPIRED_LEASES = f"""
 SELECT w.work_id, w.lease_token, w.attempts, w.max_attempts
   FROM connector_work_items w
   JOIN workqueue_generations g ON g.registration_id = w.registration_id AND g.revision = w.revision
- WHERE w.state = '{RUNNING}' AND {_EXPIRED}  -- the lease index
+ WHERE w.state = '{RUNNING}' AND {_EXPIRED}  -- the running-rows index
    AND g.claim_path = '{WORK_ITEM_PATH}' AND g.status <> '{ROLLING_BACK}'
  ORDER BY w.work_id
  LIMIT %(limit)s
@@ -591,7 +606,7 @@ def reclaim_expired(conn: Connection, *, limit: int = 500, policy: RetryPolicy =
 
 
 def running_of(conn: Connection, owner: str) -> list[tuple[int, int]]:
-    """Fences of the items `owner` holds running (the lease index scopes the scan)."""
+    """Fences of the items `owner` holds running (the running-rows index scopes the scan)."""
     rows = conn.execute(
         f"SELECT work_id, lease_token FROM connector_work_items WHERE state = '{RUNNING}' AND lease_owner = %s",
         (owner,),

@@ -138,6 +138,39 @@ def test_target_lane_serializes_in_flight_items(control_conn, reg):
     assert len(claim(control_conn, reg, 10)) == 1
 
 
+def test_a_claim_holds_no_row_lock_on_candidates_it_did_not_take(control_conn, control_dsn, reg):
+    """A claim holds its candidates with advisory locks: rows it passed over stay free to
+    lock and update for everyone else while its transaction is open."""
+    from nexus_pipelines.control.db import connect
+
+    enqueue(control_conn, reg, [NewWork(f"c{i}-{reg}", "t", source_lane_key=f"s{i}", target_lane_key="one")
+                                for i in range(3)])
+    with connect(control_dsn) as other, control_conn.transaction():
+        (taken,) = claim(control_conn, reg, 10)  # one per target lane; the other two were candidates
+        assert claim(other, reg, 10) == []  # the open claim still holds its candidates
+        passed_over = [w for (w,) in other.execute(
+            "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND work_id <> %s", (reg, taken.work_id))]
+        assert len(passed_over) == 2
+        for work_id in passed_over:
+            other.execute("SET lock_timeout = '100ms'")
+            assert other.execute("SELECT 1 FROM connector_work_items WHERE work_id = %s FOR UPDATE NOWAIT",
+                                 (work_id,)).fetchone() == (1,)
+    assert state_of(control_conn, taken.work_id)[0] == "running"
+
+
+def test_a_claim_locks_no_candidate_its_lane_probes_rejected(control_conn, reg):
+    """Items of a busy target lane are passed over without a lock: a hot lane's backlog
+    costs a claim no lock-table entries."""
+    enqueue(control_conn, reg, [NewWork(f"h{i}-{reg}", "t", source_lane_key=f"s{i}", target_lane_key="hot")
+                                for i in range(50)])
+    assert len(claim(control_conn, reg, 10)) == 1  # the hot lane is now busy
+    with control_conn.transaction():
+        assert claim(control_conn, reg, 10) == []
+        (held,) = control_conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone()
+    assert held == 0
+
+
 def test_database_enforces_one_running_item_per_lane(control_conn, reg):
     enqueue(control_conn, reg, [NewWork(f"u{i}-{reg}", "t", target_lane_key="tgt", source_lane_key=f"s{i}") for i in range(2)])
     enqueue(control_conn, reg, [NewWork(f"v{i}-{reg}", "t", source_lane_key="src") for i in range(2)], activate_it=False)

@@ -140,8 +140,19 @@ def test_fenced_hot_paths_are_driven_by_the_primary_key(big_queue, statement):
     assert on_items and all(s[2] == "connector_work_items_pkey" for s in on_items), scans
 
 
-def test_reclaim_and_lease_counts_use_the_lease_index(big_queue):
+def test_reclaim_reads_only_the_running_rows_index(big_queue):
     from nexus_pipelines.workqueue import claims
 
     scans = _generic_plan_scans(big_queue, claims._EXPIRED_LEASES, {"limit": 500}, {"limit": "bigint"})
-    assert ("Index Scan", "connector_work_items", "connector_work_items_leases") in scans, scans
+    on_items = {s for s in scans if s[1] == "connector_work_items"}
+    assert on_items == {("Index Scan", "connector_work_items", "connector_work_items_running")}, scans
+
+
+def test_lease_counts_read_only_the_running_rows_index(big_queue):
+    from nexus_pipelines.workqueue import stats
+
+    cur = psycopg.ClientCursor(big_queue)
+    cur.execute("EXPLAIN (FORMAT JSON) " + stats._LEASES)
+    scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in _nodes(cur.fetchone()[0])}
+    on_items = {s for s in scans if s[1] == "connector_work_items"}
+    assert on_items and {s[2] for s in on_items} == {"connector_work_items_running"}, scans
