@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from nexus_pipelines.connectors.provider_gate import GatePolicy, ProviderGates
 from nexus_pipelines.integrations.http import ENDPOINT
 from nexus_pipelines.local.simulators.github import SecondaryLimit
 from nexus_pipelines.local.simulators.gitlab import RateLimit
+from nexus_pipelines.local.simulators.http import SimClock
 from nexus_pipelines.local.worlds.github import GitHubWorld
 from nexus_pipelines.local.worlds.plant import Plant
 from nexus_pipelines.local.worlds.tokens import gitlab_token
@@ -171,6 +173,9 @@ def test_new_processes_know_a_wait_another_process_learned_and_send_nothing(tmp_
     try:
         served.state.add_issue(PROJECT_ID, title="limited")
         served.state.rate_limit = RateLimit(limit=0, window_s=3600)
+        # the limit's hour starts now, so its Retry-After is an hour whatever the time of day (on the real
+        # clock, a test run in an hour's last minute was told to wait seconds)
+        served.state.clock = SimClock(datetime.now(UTC).replace(minute=0, second=0, microsecond=0))
         with pool.connection() as conn:
             conn.execute("DELETE FROM provider_gates")
         first = _gate_process(control_dsn, served, path)  # meets the 429 and holds the gate
