@@ -147,10 +147,12 @@ VALUES (%(job)s, %(run)s, %(execution)s, 'skipped_already_running', clock_timest
         %(options)s, %(message)s)
 """
 
+# The keys go in binary: the text form of a page of 5,000 cost the mapping thread about
+# 3 us a row.
 _READ_STATES = """
 SELECT external_id, payload_hash, status, attempt_count, next_retry_at, crm_record_id, error_code
   FROM outbound_records
- WHERE job_name = %s AND target_object = %s AND external_id = ANY(%s)
+ WHERE job_name = %s AND target_object = %s AND external_id = ANY(%b)
 """
 
 # One statement per API batch (one round trip, atomic): renew the lease under its
