@@ -1,8 +1,8 @@
 """The writeback ledger in the Postgres control plane (docs/design/writeback-run.md, "Ledger tables and states").
 
 Runs, current record state and append-only attempt evidence. Every API batch is
-persisted in one transaction (attempts appended and record states upserted with
-one set-based statement each, never one statement per record), and that
+persisted in one statement (attempts appended, new records inserted and known ones
+updated, set-based, never one statement per record), and that
 transaction also renews the job lease under its fencing token: when the token is
 stale the attempt evidence is still kept, record state is left to the lease's
 current holder, and LeaseLost is raised so the run stops before its next batch.

@@ -92,11 +92,13 @@ class Mapper:
     OWNED_FIELDS: ClassVar[frozenset[str]]
     EXTERNAL_ID_FIELD: ClassVar[str]
     _CONTRACT: ClassVar[dict[str, FieldContract]]
+    _CHECKS: ClassVar[dict[str, tuple[FieldContract, Any]]]  # field -> (contract, its value check)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "FIELDS" in cls.__dict__:
             cls._CONTRACT = {f.name: f for f in cls.FIELDS}
+            cls._CHECKS = {f.name: (f, _VALUE_CHECKS[f.type]) for f in cls.FIELDS}
             cls.OWNED_FIELDS = frozenset(cls._CONTRACT)
             keys = [f.name for f in cls.FIELDS if f.external_id]
             cls.EXTERNAL_ID_FIELD = keys[0] if len(keys) == 1 else ""
@@ -169,12 +171,12 @@ class Mapper:
     def check_ownership(self, external_id: str, payload: Mapping[str, Any]) -> dict[str, Any]:
         """The payload inside the declared ownership and field contract, values unchanged
         (Decimal stays Decimal: it goes out as an exact JSON number)."""
-        if not isinstance(payload, Mapping):
+        if type(payload) is not dict and not isinstance(payload, Mapping):
             raise OwnershipError(external_id, "<payload>", "mapper must return a mapping")
-        contract, clearable = self._CONTRACT, self.CLEARABLE_FIELDS
+        checks, clearable = self._CHECKS, self.CLEARABLE_FIELDS
         for key, value in payload.items():
-            spec = contract.get(key)
-            if spec is None:
+            check = checks.get(key)
+            if check is None:
                 reason = ("server-managed fields are never emitted" if key in SERVER_MANAGED_FIELDS
                           else "field is outside the declared OWNED_FIELDS")
                 raise OwnershipError(external_id, key, reason)
@@ -182,7 +184,8 @@ class Mapper:
                 if key not in clearable:
                     raise OwnershipError(external_id, key, "null emitted for a field the source does not own clearing")
                 continue
-            problem = _VALUE_CHECKS[spec.type](value, spec)
+            spec, problem_of = check
+            problem = problem_of(value, spec)
             if problem:
                 raise MappingError(external_id, key, problem)
         if payload.get(self.EXTERNAL_ID_FIELD) != external_id:
@@ -232,7 +235,7 @@ def utc_timestamp(value: datetime, field: str) -> str:
 
 
 def iso_date(value: date, field: str) -> str:
-    if isinstance(value, datetime) or not isinstance(value, date):
+    if type(value) is not date and (isinstance(value, datetime) or not isinstance(value, date)):
         raise MappingError(None, field, "expected a DATE")
     return value.isoformat()
 
@@ -241,16 +244,9 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
     """A Decimal quantized to `scale` places, refusing anything that would lose digits:
     more fractional digits than `scale` (other than zeros) or more than
     `precision - scale` integer digits. Floats are refused outright."""
-    if isinstance(value, bool) or isinstance(value, float):
-        raise MappingError(None, field, "binary floats are not accepted for decimals")
-    if isinstance(value, int):
-        value = Decimal(value)
-    if isinstance(value, str):
-        try:
-            value = Decimal(value)
-        except InvalidOperation:
-            raise MappingError(None, field, "not a decimal number") from None
-    if not isinstance(value, Decimal) or not value.is_finite():
+    if type(value) is not Decimal:  # the warehouse's NUMERIC arrives as Decimal
+        value = _as_decimal(value, field)
+    if not value.is_finite():
         raise MappingError(None, field, "expected a finite decimal")
     problem = _decimal_problem(value, precision, scale)
     if problem:
@@ -260,6 +256,21 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
         return value
     # Exact now: the checks above bound the result to `precision` digits.
     return value.quantize(quantum, context=_EXACT)
+
+
+def _as_decimal(value: Any, field: str) -> Decimal:
+    if isinstance(value, bool) or isinstance(value, float):
+        raise MappingError(None, field, "binary floats are not accepted for decimals")
+    if isinstance(value, int):
+        return Decimal(value)
+    if isinstance(value, str):
+        try:
+            return Decimal(value)
+        except InvalidOperation:
+            raise MappingError(None, field, "not a decimal number") from None
+    if not isinstance(value, Decimal):
+        raise MappingError(None, field, "expected a finite decimal")
+    return value
 
 
 # Wide enough that quantizing a value the checks accepted never rounds or traps.
@@ -306,9 +317,9 @@ def _text_problem(value: Any, spec: FieldContract) -> str | None:
 
 
 def _number_problem(value: Any, spec: FieldContract) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
-        return f"expected a number (Decimal or int), got {type(value).__name__}"
     if type(value) is not Decimal:
+        if isinstance(value, bool) or not isinstance(value, (Decimal, int)):
+            return f"expected a number (Decimal or int), got {type(value).__name__}"
         value = Decimal(value)
     if not value.is_finite():
         return "expected a finite decimal"
