@@ -248,14 +248,18 @@ def exact_decimal(value: Any, field: str, *, precision: int, scale: int) -> Deci
         value = _as_decimal(value, field)
     if not value.is_finite():
         raise MappingError(None, field, "expected a finite decimal")
+    # The common case without building the digit tuple: with its integer digits bounded
+    # first (so quantizing never builds a huge number), a value that quantizes to itself
+    # loses no digit.
+    if not value or value.adjusted() < precision - scale:
+        exact = value.quantize(_quantum(scale), context=_EXACT)
+        if exact == value:
+            return exact
     problem = _decimal_problem(value, precision, scale)
     if problem:
         raise MappingError(None, field, problem)
-    quantum = _quantum(scale)
-    if value.same_quantum(quantum):  # already `scale` places: quantizing would return the same digits
-        return value
     # Exact now: the checks above bound the result to `precision` digits.
-    return value.quantize(quantum, context=_EXACT)
+    return value.quantize(_quantum(scale), context=_EXACT)
 
 
 def _as_decimal(value: Any, field: str) -> Decimal:
