@@ -19,7 +19,8 @@ its batches, so the few writes outside the batches count too): WAL bytes (from
 pg_current_wal_lsn() around the run), WAL records and full-page images (pg_stat_wal),
 WAL writes and fsyncs (pg_stat_io) and committed transactions of the bench's database
 (pg_stat_database). They cover the whole server, so with NEXUS_PG_DSN another client's
-writes count too; `pg_data_dir` says where the bench put its database.
+writes count too; `pg_data_dir` says where the bench put its database (removed, with the
+emulator's files, when the bench ends).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import math
 import multiprocessing
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -253,6 +255,7 @@ def main() -> int:
         emulator.stop()
         if postgres is not None:
             postgres.stop()
+        shutil.rmtree(work, ignore_errors=True)  # a 100,000-row run leaves about 250 MB
 
 
 if __name__ == "__main__":

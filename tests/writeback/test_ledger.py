@@ -185,3 +185,37 @@ def test_a_batch_commit_stamps_its_attempts_and_records_with_one_time(ledger):
     assert len(attempted) == 1 and {r["updated_at"] for r in rows} == attempted
     retry = next(r for r in rows if r["external_id"] == ids[-1])
     assert retry["next_retry_at"] == retry["updated_at"] + timedelta(seconds=30)
+
+
+def _wal_writes(conn, start, relations):
+    """(record type, relation) of each WAL block reference since `start` to one of `relations`."""
+    files = {conn.execute("SELECT pg_relation_filenode(%s)", (r,)).fetchone()[0]: r for r in relations}
+    rows = conn.execute("SELECT resource_manager, record_type, relfilenode FROM pg_get_wal_block_info(%s, "
+                        "pg_current_wal_flush_lsn())", (start,)).fetchall()
+    return [(f"{rm}/{kind}", files[node]) for rm, kind, node in rows if node in files]
+
+
+def test_a_batch_commit_inserts_new_records_plainly_and_indexes_each_attempt_once(ledger, control_conn):
+    """A record new to the ledger is a plain insert (no speculative insert to confirm), a
+    known one is updated in place, and an attempt row adds one btree entry (its
+    transaction id, for the export), not one per index: the run index is a block range."""
+    control_conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
+    control_conn.execute("SET synchronous_commit = on")  # the suite's server defers flushes; WAL is read to the flush
+    lease = ledger.acquire_lease("r1", TTL)
+    ledger.start_run("r1", dry_run=False, options={}, lease_token=lease.token)
+    lease = ledger.commit_batch("r1", "b1", lease, TTL, [outcome(f"k{i}", crm=f"a0M{i}") for i in range(10)],
+                                BatchCounts(10))
+    start = control_conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
+    known = [outcome(f"k{i}", h="h2", crm=None, status="retryable_failed", code="TIMEOUT", attempt=2, delay=5)
+             for i in range(10)]
+    ledger.commit_batch("r1", "b2", lease, TTL, known + [outcome(f"n{i}") for i in range(10)], BatchCounts(10, 10))
+    writes = _wal_writes(control_conn, start, ["outbound_records", "outbound_record_attempts",
+                                               "outbound_record_attempts_xid", "outbound_record_attempts_run",
+                                               "outbound_record_attempts_time"])
+    assert ("Heap/HEAP_CONFIRM", "outbound_records") not in writes
+    assert sum(kind.startswith("Heap/INSERT") for kind, relation in writes if relation == "outbound_records") == 10
+    assert sum(kind.startswith("Btree/INSERT") for kind, _ in writes) == 20  # the xid index, once per attempt
+    rows = {r["external_id"]: r for r in ledger.record_rows()}
+    assert len(rows) == 20 and rows["k3"]["status"] == "retryable_failed" and rows["k3"]["crm_record_id"] == "a0M3"
+    assert rows["k3"]["last_success_run_id"] == "r1" and rows["k3"]["attempt_count"] == 2
+    assert rows["n3"]["status"] == "succeeded" and rows["n3"]["attempt_count"] == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from datetime import UTC, date, datetime, timedelta, timezone
-from decimal import Decimal
+from decimal import MAX_EMAX, MAX_PREC, MIN_EMIN, Context, Decimal
 
 import pytest
 from hypothesis import given
@@ -13,11 +13,13 @@ from hypothesis import strategies as st
 
 from nexus_pipelines.integrations.nexuscrm import FieldContract
 from nexus_pipelines.settings import PROJECT_ROOT
-from nexus_pipelines.writeback.hashing import HashInputError, canonical_json, payload_hash
+from nexus_pipelines.writeback.hashing import HashInputError, canonical_json, canonical_payload_hash, payload_hash
 from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
 from nexus_pipelines.writeback.mapping import (
     Mapper,
     MappingError,
+    _number_problem,
+    _text_problem,
     exact_decimal,
     utc_timestamp,
 )
@@ -273,3 +275,38 @@ def test_hash_ignores_key_order_and_is_deterministic(payload):
     reordered = dict(reversed(list(payload.items())))
     assert payload_hash("O", "K", "k", payload) == payload_hash("O", "K", "k", reordered)
     assert json.loads(canonical_json("O", "K", "k", payload))["payload"].keys() == payload.keys()
+
+
+@given(st.text(max_size=12),
+       st.dictionaries(st.text(max_size=8),
+                       st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=20),
+                                 st.decimals(allow_nan=False, allow_infinity=False)),
+                       max_size=8))
+def test_the_mapping_threads_hash_is_the_canonical_hash_of_every_bounded_payload(external_id, payload):
+    # The validation pass hashes with a prebuilt encoder; its bytes must be payload_hash's
+    # (any difference would make every scheduled run rewrite every record).
+    assert canonical_payload_hash("O", "K", external_id, payload) == payload_hash("O", "K", external_id, payload)
+
+
+@given(st.decimals(allow_nan=False, allow_infinity=False), st.integers(1, 18), st.integers(0, 6))
+def test_a_decimal_is_emitted_at_its_scale_exactly_when_it_fits_the_declared_number(value, precision, scale):
+    # The rule, stated independently: no non-zero digit past `scale` places and fewer than
+    # precision - scale integer digits; emitted unchanged in value, at exactly `scale` places.
+    scale = min(scale, precision)
+    wide = Context(prec=MAX_PREC, Emax=MAX_EMAX, Emin=MIN_EMIN)
+    fits = (value == value.quantize(Decimal(1).scaleb(-scale), context=wide)
+            and abs(value) < Decimal(10) ** (precision - scale))
+    try:
+        emitted = exact_decimal(value, "N__c", precision=precision, scale=scale)
+    except MappingError:
+        assert not fits
+        return
+    assert fits and emitted == value and emitted.as_tuple().exponent == -scale
+    spec = FieldContract("N__c", "currency", precision=precision, scale=scale)
+    assert _number_problem(emitted, spec) is None
+
+
+@pytest.mark.parametrize("text,ok", [("abcde", True), ("abcdef", False), ("é" * 5, True), ("a\tb", True),
+                                     ("a\u2028b", True), ("a\x7fb", False), ("", False)])
+def test_a_text_up_to_the_declared_length_without_control_characters_passes_and_any_other_is_refused(text, ok):
+    assert (_text_problem(text, FieldContract("A__c", "string", length=5)) is None) is ok
