@@ -283,10 +283,10 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         ).rowcount
         if advanced != 1:
             raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
-        by_delivery = {_delivery_id(v): v.external_ref for v in versions}
-        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, _delivery_id(v)) for v in versions])
+        by_delivery = {_delivery_id(v): v for v in versions}
+        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()])
         next_row = _claim_row(conn, then_claim) if then_claim is not None else None
-    refs = [by_delivery[d] for d in admitted]
+    refs = [by_delivery[d].external_ref for d in admitted]
     try:
         return PageCommit(refs, _claimed(next_row, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written

@@ -155,9 +155,10 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
 def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
     """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
     labels, the revision and ticket project it was polled for)."""
-    digest = source_version_digest(issue)
+    dumped = issue.model_dump(mode="json")
+    digest = source_version_digest(issue, dumped)
     body = {
-        "issue": issue.model_dump(mode="json"),
+        "issue": dumped,
         "digest": digest,
         "labels": list(registration.map_labels(issue.source_labels)),
         "revision_id": registration.revision_id,
