@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
 
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
@@ -202,13 +202,13 @@ def claim_due(conn: Connection, registry: ConnectorRegistry, *, owner: str, ttl:
 
 def claim(conn: Connection, request: ClaimRequest) -> PollClaim | None:
     """`claim_due` for a request."""
-    return _claimed(_claim_row(conn, request), request)
+    return _claimed(_send_claim(conn, request).fetchone(), request)
 
 
-def _claim_row(conn: Connection, request: ClaimRequest) -> tuple | None:
+def _send_claim(conn: Connection, request: ClaimRequest) -> Cursor:
     only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
     return conn.execute(_CLAIM.format(only=only), {"owner": request.owner, "ttl": request.ttl,
-                                                   "only": list(request.registration_ids or [])}).fetchone()
+                                                   "only": list(request.registration_ids or [])})
 
 
 def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
@@ -256,6 +256,18 @@ class PageCommit:
     next_claim: PollClaim | UnreadableRevision | None = None
 
 
+_ADVANCE = """
+UPDATE connector_progress
+   SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
+       next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
+       lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(), throttled_until = NULL,
+       pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+ WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+   AND lease_token = %(token)s AND lease_until > now()
+RETURNING true
+"""
+
+
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
                 exhausted: bool, then_claim: ClaimRequest | None = None) -> PageCommit:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
@@ -266,26 +278,19 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     Raises PollLeaseLost, writing nothing, when the claim is no longer current.
     """
     r = claim.registration
-    with conn.transaction():
+    by_delivery = {_delivery_id(v): v for v in versions}
+    receipts = [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()]
+    # pipelined: the statements go out in one flight, and the fence is checked before the commit is sent
+    with conn.pipeline(), conn.transaction():
         # the fenced cursor update first: it locks the progress row, so it is also the hold
-        advanced = conn.execute(
-            """UPDATE connector_progress
-                  SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
-                      next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s)
-                                          ELSE now() END,
-                      lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
-                      throttled_until = NULL,
-                      pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
-                WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
-                  AND lease_token = %(token)s AND lease_until > now()""",
-            {"cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
-             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
-        ).rowcount
-        if advanced != 1:
+        advanced = conn.execute(_ADVANCE, {
+            "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
+            "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token})
+        next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
+        admitted = admit_receipts(conn, receipts)
+        if advanced.fetchone() is None:  # a row, not a rowcount: a pipelined result is read when fetched
             raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
-        by_delivery = {_delivery_id(v): v for v in versions}
-        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()])
-        next_row = _claim_row(conn, then_claim) if then_claim is not None else None
+        next_row = next_claim.fetchone() if next_claim is not None else None
     refs = [by_delivery[d].external_ref for d in admitted]
     try:
         return PageCommit(refs, _claimed(next_row, then_claim))
