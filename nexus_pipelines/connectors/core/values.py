@@ -52,7 +52,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _no_control_chars(value: str) -> str:
-    if _CONTROL.search(value):
+    if not value.isprintable() and _CONTROL.search(value):  # a printable text has no control character
         raise ValueError("control characters are not allowed")
     return value
 
