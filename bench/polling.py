@@ -274,12 +274,12 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     plant.activate(registration)
     # 1. full sync, page by page
     with pool.connection() as conn:
-        load = [os.getloadavg()[0]]
+        load = [round(os.getloadavg()[0], 2)]
         started = time.perf_counter()
         report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
                       registration_ids=[registration.registration_id], time_budget_s=3600)
         sync_s = time.perf_counter() - started
-        load.append(os.getloadavg()[0])
+        load.append(round(os.getloadavg()[0], 2))
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
     fetch_s, commit_s = (sum(getattr(t, part) for t in report.ticks) for part in ("fetch_s", "commit_s"))
     rid = registration.registration_id
