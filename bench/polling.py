@@ -11,6 +11,13 @@ simulator in process (its time is measured at the transport and subtracted):
    `first_sync_own_s` is the poll's own time (simulator time subtracted), routing and
    the drain; then N no-op work items drained by the same drain (concurrency, claim
    batch, database) give `noop_items_per_s`, so `apply_vs_noop` compares across machines;
+   `per_page_overhead_ms` is our own time per page of that sync: its wall time less the time
+   spent inside the simulator's transport (parsing the request, listing, building the
+   response), so what is left is the claim, the HTTP client and provider gate, the adapter's
+   parsing and mapping, the seam's checks, the receipts and the commit; it is split into
+   `per_page_fetch_own_ms` (the fetch less the simulator) and `per_page_commit_ms` (the page
+   commit, which also takes the next claim); `load_average` is the 1-minute load average when
+   the sync starts and when it ends, since on a shared machine the figures follow it;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back.
    GitHub's gate spends its documented content budget (80 comments a minute, 500 an
@@ -52,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -340,11 +348,14 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     plant.activate(registration)
     # 1. full sync, page by page
     with pool.connection() as conn:
+        load = [round(os.getloadavg()[0], 2)]
         started = time.perf_counter()
         report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
                       registration_ids=[registration.registration_id], time_budget_s=3600)
         sync_s = time.perf_counter() - started
+        load.append(round(os.getloadavg()[0], 2))
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
+    fetch_s, commit_s = (sum(getattr(t, part) for t in report.ticks) for part in ("fetch_s", "commit_s"))
     rid = registration.registration_id
     started = time.perf_counter()
     plant.route()
@@ -401,6 +412,9 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "sync_s": round(sync_s, 2),
         "simulator_s": round(sim_s, 2),
         "per_page_overhead_ms": round((sync_s - sim_s) / max(pages, 1) * 1000, 2),
+        "per_page_fetch_own_ms": round((fetch_s - sim_s) / max(pages, 1) * 1000, 2),
+        "per_page_commit_ms": round(commit_s / max(pages, 1) * 1000, 2),
+        "load_average": load,
         "route_s": round(route_s, 2),
         "apply_s": round(apply_s, 2),
         "tickets_per_s": round(drained.completed / apply_s, 1) if apply_s else None,
@@ -563,8 +577,6 @@ def main() -> int:
     parser.add_argument("--issues", type=int, default=10_000)
     parser.add_argument("--close-backs", type=int, default=CLOSE_BACKS)
     args = parser.parse_args()
-
-    import os
 
     from nexus_pipelines.local.postgres import EmbeddedPostgres
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from psycopg import Connection
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
 from nexus_pipelines.workqueue.states import EVENT_PATH, WORK_ITEM_PATH
@@ -80,14 +80,25 @@ class ReceiptIn(BaseModel):
     body_ref: str | None = None
     admission_result: str = "verified"
     max_routing_attempts: int = Field(default=5, ge=1)
+    _canonical: tuple[Any, str] | None = PrivateAttr(default=None)  # (the body, its canonical_json)
 
     @model_validator(mode="after")
     def _body_present(self) -> ReceiptIn:
         if self.body is None and self.body_ref is None:
             raise ValueError("a receipt needs a body snapshot or a body reference")
-        if self.body is not None and len(json.dumps(self.body, default=str)) > BODY_SNAPSHOT_LIMIT:
+        if self.body is not None and len(self.canonical_body) > BODY_SNAPSHOT_LIMIT:
             raise ValueError(f"body snapshot exceeds {BODY_SNAPSHOT_LIMIT} bytes; store it and pass body_ref")
         return self
+
+    @property
+    def canonical_body(self) -> str | None:
+        """The body snapshot's `canonical_json`: serialized once, for the size check, the
+        stored snapshot and its hash (again only for a copy given another body)."""
+        if self.body is None:
+            return None
+        if self._canonical is None or self._canonical[0] is not self.body:
+            self._canonical = (self.body, canonical_json(self.body))
+        return self._canonical[1]
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,7 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
     rows = []
     for r in receipts:
-        body = canonical_json(r.body)
+        body = r.canonical_body
         fields = json.dumps({
             "registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
             "delivery_id": r.delivery_id, "route_key": r.route_key, "event_kind": r.event_kind,

@@ -210,3 +210,28 @@ def test_bulk_admission_skips_redeliveries_and_routes_like_single_admission(cont
         " ORDER BY receipt_id", (reg,)).fetchall()
     assert [r[0] for r in rows] == ["d0", "d1", "d2", "d9"] and {r[1] for r in rows} == {"pending"}
     assert rows[0][2] == payload_hash({"n": 0})
+
+
+def test_a_body_snapshot_is_held_to_the_limit_in_the_form_it_is_stored_in():
+    from nexus_pipelines.workqueue.receipts import BODY_SNAPSHOT_LIMIT, canonical_json
+
+    def with_body(body):
+        return ReceiptIn(registration_id="r", revision=1, namespace="n", delivery_id="d", route_key="k",
+                         received_at=NOW, body=body)
+
+    at_limit = {"t": "x" * (BODY_SNAPSHOT_LIMIT - len('{"t":""}'))}
+    assert len(with_body(at_limit).canonical_body) == BODY_SNAPSHOT_LIMIT == len(canonical_json(at_limit))
+    with pytest.raises(ValueError, match="exceeds"):
+        with_body({"t": at_limit["t"] + "x"})
+
+
+def test_bulk_admission_stores_the_body_of_a_copy_given_another_body(control_conn, reg):
+    from nexus_pipelines.workqueue.receipts import admit_receipts, payload_hash
+
+    first = ReceiptIn(registration_id=reg, revision=1, namespace="poll", delivery_id="d0", route_key="k",
+                      received_at=NOW, body={"n": 0})
+    copy = first.model_copy(update={"delivery_id": "d1", "body": {"n": 1}})
+    assert admit_receipts(control_conn, [first, copy]) == ["d0", "d1"]
+    rows = control_conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s"
+                                " ORDER BY receipt_id", (reg,)).fetchall()
+    assert rows == [({"n": 0}, payload_hash({"n": 0})), ({"n": 1}, payload_hash({"n": 1}))]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
 
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
@@ -180,23 +180,46 @@ RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_un
 """
 
 
+@dataclass(frozen=True)
+class ClaimRequest:
+    """Who asks for the next due revision, for how long, among which registrations, and the
+    registry its stored config is read with."""
+
+    registry: ConnectorRegistry
+    owner: str
+    ttl: timedelta
+    registration_ids: Sequence[str] | None = None
+
+
 def claim_due(conn: Connection, registry: ConnectorRegistry, *, owner: str, ttl: timedelta,
               registration_ids: Sequence[str] | None = None) -> PollClaim | None:
     """Take the poll lease of one due revision of an active registration, or None.
 
     Raises UnreadableRevision, holding the lease, when the claimed revision cannot be read.
     """
-    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if registration_ids else ""
-    row = conn.execute(_CLAIM.format(only=only),
-                       {"owner": owner, "ttl": ttl, "only": list(registration_ids or [])}).fetchone()
+    return claim(conn, ClaimRequest(registry, owner, ttl, registration_ids))
+
+
+def claim(conn: Connection, request: ClaimRequest) -> PollClaim | None:
+    """`claim_due` for a request."""
+    return _claimed(_send_claim(conn, request).fetchone(), request)
+
+
+def _send_claim(conn: Connection, request: ClaimRequest) -> Cursor:
+    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
+    return conn.execute(_CLAIM.format(only=only), {"owner": request.owner, "ttl": request.ttl,
+                                                   "only": list(request.registration_ids or [])})
+
+
+def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
     if row is None:
         return None
     try:
-        stored = _stored(row[:4], registry)
+        stored = _stored(row[:4], request.registry)
     except RegistrationError as exc:
         raise UnreadableRevision(str(exc), tenant=row[8], key=row[9], revision_id=row[10], token=row[4],
                                  failure_count=row[7]) from None
-    return PollClaim(stored.registration, stored.revision_no, owner, row[4], row[5], row[6], row[7])
+    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7])
 
 
 _HOLD = """
@@ -223,34 +246,56 @@ class IssueVersion:
     body: dict
 
 
+@dataclass(frozen=True)
+class PageCommit:
+    """What a page commit wrote, and the claim it took for the next tick when asked to (None
+    when nothing was due; an UnreadableRevision, holding its lease, when the revision it
+    claimed cannot be read)."""
+
+    admitted_refs: list[str]
+    next_claim: PollClaim | UnreadableRevision | None = None
+
+
+_ADVANCE = """
+UPDATE connector_progress
+   SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
+       next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
+       lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(), throttled_until = NULL,
+       pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+ WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+   AND lease_token = %(token)s AND lease_until > now()
+RETURNING true
+"""
+
+
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
-                exhausted: bool) -> list[str]:
+                exhausted: bool, then_claim: ClaimRequest | None = None) -> PageCommit:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
-    Returns the external refs whose version was new (an unchanged re-poll admits none).
+    `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
+    none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
+    taken in the same transaction, so a walk of many pages costs one commit per page, not two.
     Raises PollLeaseLost, writing nothing, when the claim is no longer current.
     """
     r = claim.registration
-    with conn.transaction():
+    by_delivery = {_delivery_id(v): v for v in versions}
+    receipts = [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()]
+    # pipelined: the statements go out in one flight, and the fence is checked before the commit is sent
+    with conn.pipeline(), conn.transaction():
         # the fenced cursor update first: it locks the progress row, so it is also the hold
-        advanced = conn.execute(
-            """UPDATE connector_progress
-                  SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
-                      next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s)
-                                          ELSE now() END,
-                      lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
-                      throttled_until = NULL,
-                      pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
-                WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
-                  AND lease_token = %(token)s AND lease_until > now()""",
-            {"cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
-             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token},
-        ).rowcount
-        if advanced != 1:
+        advanced = conn.execute(_ADVANCE, {
+            "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
+            "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token})
+        next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
+        admitted = admit_receipts(conn, receipts)
+        if advanced.fetchone() is None:  # a row, not a rowcount: a pipelined result is read when fetched
             raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
-        by_delivery = {_delivery_id(v): v.external_ref for v in versions}
-        admitted = admit_receipts(conn, [_receipt(claim, v, POLL_NAMESPACE, _delivery_id(v)) for v in versions])
-    return [by_delivery[d] for d in admitted]
+        next_row = next_claim.fetchone() if next_claim is not None else None
+    refs = [by_delivery[d].external_ref for d in admitted]
+    try:
+        return PageCommit(refs, _claimed(next_row, then_claim))
+    except UnreadableRevision as unreadable:  # read after the commit: the page stays written
+        return PageCommit(refs, unreadable)
 
 
 def _receipt(claim: PollClaim, version: IssueVersion, namespace: str, delivery_id: str) -> ReceiptIn:
@@ -304,13 +349,17 @@ def _schedule_failure(conn: Connection, tenant: str, key: str, revision_id: str,
     ).rowcount == 1
 
 
-def release(conn: Connection, claim: PollClaim) -> bool:
+def release(conn: Connection, claim: PollClaim | UnreadableRevision) -> bool:
     """Give the poll lease back unchanged (the run stopped before fetching)."""
-    r = claim.registration
+    if isinstance(claim, PollClaim):
+        r = claim.registration
+        tenant, key, revision_id = r.tenant, r.key, r.revision_id
+    else:
+        tenant, key, revision_id = claim.tenant, claim.key, claim.revision_id
     return conn.execute(
         """UPDATE connector_progress SET lease_owner = NULL, lease_until = NULL, updated_at = now()
             WHERE tenant = %s AND registration_key = %s AND revision_id = %s AND lease_token = %s""",
-        (r.tenant, r.key, r.revision_id, claim.token),
+        (tenant, key, revision_id, claim.token),
     ).rowcount == 1
 
 

@@ -98,49 +98,67 @@ def run_tick(
     rng: random.Random | None = None,
 ) -> TickReport | None:
     """Claim and run one tick; None when no revision is due."""
+    request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
+    return _tick(conn, _claim(conn, request), request, compose, executor, rng, claim_next=False)[0]
+
+
+NextClaim = store.PollClaim | store.UnreadableRevision | None
+
+
+def _claim(conn: Connection, request: store.ClaimRequest) -> NextClaim:
     try:
-        claim = store.claim_due(conn, registry, owner=owner, ttl=lease_ttl, registration_ids=registration_ids)
-    except store.UnreadableRevision as unreadable:
-        return _unreadable(conn, unreadable, rng)
+        return store.claim(conn, request)
+    except store.UnreadableRevision as unreadable:  # its lease is held: the tick records the failure
+        return unreadable
+
+
+def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compose: Composer, executor: RetryExecutor,
+          rng: random.Random | None, *, claim_next: bool) -> tuple[TickReport | None, NextClaim]:
+    """Run one tick on a claim already taken; with `claim_next`, a page's commit also takes the
+    next tick's claim, returned beside the report."""
+    if isinstance(claim, store.UnreadableRevision):
+        return _unreadable(conn, claim, rng), None
     if claim is None:
-        return None
+        return None, None
     registration = claim.registration
     report = TickReport(registration.registration_id, registration.revision_id, "page")
     try:
         adapter = compose(registration)
     except Exception as exc:  # noqa: BLE001 - a composition failure is a durable, visible failure
-        return _fail(conn, claim, report, "terminal", "composition_failed", describe_exception(exc, 300), None, rng)
+        return _fail(conn, claim, report, "terminal", "composition_failed", describe_exception(exc, 300), None,
+                     rng), None
     started = time.perf_counter()
     result, log = executor.fetch(adapter, FetchIssuePage(cursor=claim.cursor, page_size=registration.page_size))
     report.fetch_s = time.perf_counter() - started
     report.attempts, report.sleeps_s = log.attempts, sum(log.sleeps)
     if isinstance(result, FetchFailure):
         return _fail(conn, claim, report, result.retry_class, result.reason, result.detail,
-                     result.retry_after_seconds, rng)
+                     result.retry_after_seconds, rng), None
     problem = _check_page(result, registration)
     if problem:
-        return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng)
+        return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng), None
     versions = [issue_version(issue, registration) for issue in result.issues]
     started = time.perf_counter()
     try:
-        report.admitted_refs = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor,
-                                                 exhausted=result.exhausted)
-        report.admitted = len(report.admitted_refs)
+        commit = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor, exhausted=result.exhausted,
+                                   then_claim=request if claim_next else None)
     except store.PollLeaseLost as exc:
         report.outcome, report.failure = "lost", str(exc)
-        return report
+        return report, None
     report.commit_s = time.perf_counter() - started
+    report.admitted_refs, report.admitted = commit.admitted_refs, len(commit.admitted_refs)
     report.issues, report.excluded, report.rescan = len(result.issues), result.excluded, result.rescan
     report.exhausted, report.cursor = result.exhausted, result.next_cursor
-    return report
+    return report, commit.next_claim
 
 
 def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
     """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
     labels, the revision and ticket project it was polled for)."""
-    digest = source_version_digest(issue)
+    dumped = issue.model_dump(mode="json")
+    digest = source_version_digest(issue, dumped)
     body = {
-        "issue": issue.model_dump(mode="json"),
+        "issue": dumped,
         "digest": digest,
         "labels": list(registration.map_labels(issue.source_labels)),
         "revision_id": registration.revision_id,
@@ -212,10 +230,14 @@ def poll(
     """Run ticks until nothing is due, a failure stops the revision, or a budget is spent.
 
     Each tick is its own claim with a fresh fence; a revision whose scan is not exhausted
-    is due again at once, so one run walks a full sync page by page.
+    is due again at once, so one run walks a full sync page by page. A page's commit takes
+    the next tick's claim in its own transaction (one commit per page); a claim the run no
+    longer uses is given back when it stops.
     """
     run = PollRunReport()
     deadline = time.monotonic() + time_budget_s
+    request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
+    claim, taken = None, False  # taken: the previous page's commit claimed for this tick
     while True:
         if len(run.ticks) >= max_ticks:
             run.stopped = "max_ticks"
@@ -223,12 +245,18 @@ def poll(
         if time.monotonic() >= deadline:
             run.stopped = "time_budget"
             break
-        report = run_tick(conn, registry, compose, owner=owner, executor=executor, lease_ttl=lease_ttl,
-                          registration_ids=registration_ids)
+        if not taken:
+            claim = _claim(conn, request)
+        # the page's commit takes the next tick's claim when the run will go on
+        goes_on = len(run.ticks) + 1 < max_ticks and time.monotonic() < deadline
+        report, claim = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on)
         if report is None:
             run.stopped = "idle"
             break
+        taken = goes_on and report.outcome == "page"
         run.ticks.append(report)
         if on_tick is not None:
             on_tick(report)
+    if taken and claim is not None:  # claimed for a tick this run no longer runs
+        store.release(conn, claim)
     return run

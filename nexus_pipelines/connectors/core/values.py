@@ -52,7 +52,7 @@ _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _no_control_chars(value: str) -> str:
-    if _CONTROL.search(value):
+    if not value.isprintable() and _CONTROL.search(value):  # a printable text has no control character
         raise ValueError("control characters are not allowed")
     return value
 
@@ -101,9 +101,11 @@ class ExternalIssue(BaseModel):
         return self
 
 
-def source_version_digest(issue: ExternalIssue) -> str:
-    """sha256 over the canonical JSON of the normalized value (the observation digest)."""
-    canonical = json.dumps(issue.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def source_version_digest(issue: ExternalIssue, dumped: dict | None = None) -> str:
+    """sha256 over the canonical JSON of the normalized value (the observation digest);
+    `dumped` is the issue's `model_dump(mode="json")` when the caller has it already."""
+    data = issue.model_dump(mode="json") if dumped is None else dumped
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 

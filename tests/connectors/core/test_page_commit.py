@@ -1,23 +1,40 @@
 """A poll page commits its receipts and its cursor in a fixed number of statements, whatever
-the page size: no round trip per issue."""
+the page size: no round trip per issue; and a walk of many pages commits once per page."""
+
+import time
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from psycopg.pq import TransactionStatus
 
 from nexus_pipelines.connectors.core import store
-from nexus_pipelines.connectors.core.tick import poll
+from nexus_pipelines.connectors.core.tick import issue_version, poll
+from nexus_pipelines.connectors.core.values import ExternalIssue
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant, executor
 
 
 class CountingConnection:
-    """The connection a poll runs on, counting the statements it sends."""
+    """The connection a poll runs on, counting the statements it sends and the transactions it
+    commits (a statement outside a transaction block commits on its own)."""
 
     def __init__(self, conn) -> None:
         self._conn = conn
         self.statements = 0
+        self.commits = 0
+
+    def _idle(self) -> bool:
+        return self._conn.info.transaction_status == TransactionStatus.IDLE
 
     def execute(self, *args, **kwargs):
         self.statements += 1
+        self.commits += self._idle()
         return self._conn.execute(*args, **kwargs)
+
+    def transaction(self, *args, **kwargs):
+        self.commits += self._idle()
+        return self._conn.transaction(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
@@ -45,3 +62,73 @@ def test_a_page_of_many_issues_commits_in_as_many_statements_as_a_page_of_one(po
     many, _ = _statements_for_one_page(pool, "page-of-many", 60)
     assert many == one
     assert one <= 3, one  # the claim, the fenced cursor update, the page's receipts
+
+
+def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_page_commit(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="walk", page_size=4)
+    plant.activate(registration)
+    plant.world.add_issues(10)
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        counting = CountingConnection(conn)
+        report = poll(counting, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id])
+    assert [t.outcome for t in report.ticks] == ["page"] * 3 and report.stopped == "idle"
+    assert report.totals["admitted"] == 10
+    assert counting.commits == 1 + 3, counting.commits  # the first claim, then one commit per page
+
+
+def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="budget", page_size=4)
+    plant.activate(registration)
+    plant.world.add_issues(10)
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id], time_budget_s=0.5,
+                      on_tick=lambda _: time.sleep(0.6))  # the budget ends after the first page
+        (due,) = conn.execute("SELECT next_poll_at <= now() FROM connector_progress WHERE registration_key = %s",
+                              (registration.key,)).fetchone()
+        held = store.poll_lease_held(conn, registration)
+    assert [t.outcome for t in report.ticks] == ["page"] and report.stopped == "time_budget"
+    assert not held and due  # the next poll can take it at once, not after the lease runs out
+
+
+def test_an_empty_page_advances_the_cursor_under_its_fence(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="empty", page_size=4)
+    plant.activate(registration)
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id])
+        (cursor, pages) = conn.execute("SELECT cursor_token, pages FROM connector_progress WHERE registration_key = %s",
+                                       (registration.key,)).fetchone()
+    (tick,) = report.ticks
+    assert tick.outcome == "page" and tick.issues == 0 and tick.exhausted
+    assert cursor == tick.cursor and pages == 1
+
+
+def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="stale")
+    plant.activate(registration)
+    issue = ExternalIssue(connector_kind="gitlab", external_ref="gitlab:1:999", title="t", description="",
+                          source_labels=(), reporter_ref="gitlab-user:1", reporter_display_name="r",
+                          external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/1")
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        stale = store.claim_due(conn, REGISTRY, owner="slow", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        conn.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second'"
+                     " WHERE registration_key = %s", (registration.key,))
+        with pytest.raises(store.PollLeaseLost):
+            store.commit_page(conn, stale, [issue_version(issue, registration)], next_cursor="stale", exhausted=False,
+                              then_claim=store.ClaimRequest(REGISTRY, "slow", timedelta(seconds=60)))
+        (receipts,) = conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
+                                   (registration.registration_id,)).fetchone()
+        progress = conn.execute("SELECT lease_token, cursor_token FROM connector_progress WHERE registration_key = %s",
+                                (registration.key,)).fetchone()
+    assert receipts == 0 and progress == (stale.token, None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from pydantic import ValidationError
@@ -90,6 +90,18 @@ def test_the_digest_is_deterministic_over_the_normalized_value():
     assert source_version_digest(issue()) == source_version_digest(issue())
     assert source_version_digest(issue()) != source_version_digest(issue(title="other"))
     assert source_version_digest(issue()).startswith("sha256:")
+
+
+def test_the_digest_of_an_issue_stays_what_earlier_releases_stored():
+    # custody compares digests across releases: a changed serialization would re-observe every issue
+    stored = issue(title='Crème brûlée "quoted"', description="line one\nline\ttwo", source_labels=("bug", "ünïcode"),
+                   external_updated_at=datetime(2026, 1, 1, 10, 30, tzinfo=timezone(timedelta(hours=2))))
+    assert source_version_digest(stored) == "sha256:c444509964a8a2b35de91247193984b5c2a82d1baa73899d10221541f97d2745"
+    assert source_version_digest(stored, stored.model_dump(mode="json")) == source_version_digest(stored)
+
+
+def test_text_keeps_its_line_breaks_and_tabs():
+    assert issue(description="line one\r\nline\ttwo").description == "line one\r\nline\ttwo"
 
 
 def test_a_close_command_carries_its_own_marker_in_the_comment():
