@@ -444,16 +444,18 @@ def plan(receipt: ClaimedReceipt, routes: RouteTable) -> PlannedReceipt:
     route = routes.get(receipt.route_key)
     if route is None:
         raise UnknownRoute(f"no route for route key {receipt.route_key!r}")
+    return _planned(receipt, route, list(route.materialize(receipt)))
+
+
+def _planned(receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> PlannedReceipt:
     return PlannedReceipt(receipt.receipt_id, receipt.registration_id, receipt.revision, route.route_id,
-                          route.version, list(route.materialize(receipt)))
+                          route.version, events)
 
 
 def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
     """`materialize_batch` for one receipt; raises LeaseLostError (and writes nothing) when the
     receipt is no longer held with `receipt.token`."""
-    planned = PlannedReceipt(receipt.receipt_id, receipt.registration_id, receipt.revision, route.route_id,
-                             route.version, events)
-    done = materialize_batch(conn, [(receipt, planned)])
+    done = materialize_batch(conn, [(receipt, _planned(receipt, route, events))])
     if receipt.receipt_id not in done:
         raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
     return done[receipt.receipt_id]
