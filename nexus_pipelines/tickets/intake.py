@@ -88,15 +88,17 @@ def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
 
 def _apply_round(conn: Connection, batch: list[tuple[int, Observation]], results: list) -> None:
     rows = [_row(n, o) for n, o in batch]
-    linked = dict(conn.execute(_LINKED, {"rows": Jsonb(rows)}).fetchall())
-    new = [r for r in rows if r["idx"] not in linked]
-    if new:
-        for idx, ticket_id in conn.execute(_CREATE, {"rows": Jsonb(new), "priority": DEFAULT_PRIORITY,
-                                                     "actor": INTAKE_ACTOR}):
+    by_idx = {r["idx"]: r for r in rows}
+    known = []
+    for idx, ticket_id, created in conn.execute(_CREATE, {"rows": Jsonb(rows), "priority": DEFAULT_PRIORITY,
+                                                          "actor": INTAKE_ACTOR}):
+        if created:
             results[idx] = IntakeResult("created", ticket_id)
-    known = [{**r, "ticket_id": linked[r["idx"]]} for r in rows if r["idx"] in linked]
+        else:
+            known.append({**by_idx[idx], "ticket_id": ticket_id})
     if not known:
         return
+    known.sort(key=lambda r: r["idx"])
     observed = {idx: updated for idx, updated in conn.execute(_OBSERVE, {"rows": Jsonb(known)})}
     for r in known:
         idx = r["idx"]
@@ -123,19 +125,19 @@ SELECT d.* FROM jsonb_to_recordset(%(rows)s::jsonb)
          issue jsonb, ticket_id bigint)
 """
 
-_LINKED = f"""
-SELECT i.idx, l.ticket_id
-  FROM ({_INPUT}) i
-  JOIN ticket_custody_links l ON l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref
-"""
-
-# The first observation of each issue: the ticket, its custody link, the P2 and UNTRIAGED facts,
-# the triage finding and the observation, for the whole round in one statement. Ticket ids are
-# drawn up front so every row knows its own.
+# The first observation of each issue not linked yet: the ticket, its custody link, the P2
+# and UNTRIAGED facts, the triage finding and the observation, for the whole round in one
+# statement that also answers the ticket of each issue already linked (for `_OBSERVE`).
+# Ticket ids are drawn up front so every new row knows its own.
 _CREATE = f"""
-WITH input AS MATERIALIZED (
+WITH given AS MATERIALIZED (
+    SELECT i.*, l.ticket_id AS linked_id
+      FROM ({_INPUT}) i
+      LEFT JOIN ticket_custody_links l
+        ON l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref
+), input AS MATERIALIZED (
     SELECT i.*, nextval(pg_get_serial_sequence('tickets', 'ticket_id')) AS new_id
-      FROM (SELECT * FROM ({_INPUT}) d ORDER BY d.idx) i
+      FROM (SELECT * FROM given WHERE linked_id IS NULL ORDER BY idx) i
 ), ticket AS (
     INSERT INTO tickets (ticket_id, tenant, project, title, description, labels, priority, triage_state,
                          source_state, source_updated_at, source_digest)
@@ -163,7 +165,9 @@ WITH input AS MATERIALIZED (
                                      work_token)
     SELECT new_id, ref, digest, updated_at, issue, work_id, work_token FROM input ORDER BY idx
 )
-SELECT idx, new_id FROM input
+SELECT idx, new_id, true FROM input
+UNION ALL
+SELECT idx, linked_id, false FROM given WHERE linked_id IS NOT NULL
 """
 
 # A known issue: append the observation unless this digest was observed before (unchanged:

@@ -5,12 +5,15 @@ owner of its routing state. A router claims due receipts in a batch (compare-and
 with a token from `workqueue_tokens` and a lease deadline from the database clock;
 a claim counts as a routing attempt, so a receipt whose router keeps dying still
 reaches the terminal 'failed' status), resolves each through an explicit route table,
-and materializes the result in one transaction: the receipt row is locked and
-checked against the router's token first, events are inserted with
+and materializes the batch in one transaction of set-based statements: the receipts
+still held with the router's token are locked first (each by its own token; one whose
+lease was lost writes nothing), events are inserted with
 `ON CONFLICT (registration_id, idempotency_key) DO NOTHING`, work items with
-`ON CONFLICT (event_id, work_type) DO NOTHING`, and the receipt is marked
-materialized under the same fence. A stale router's transaction therefore writes
-nothing; a retried router or a duplicate delivery creates nothing twice.
+`ON CONFLICT (event_id, work_type) DO NOTHING`, and the receipts are marked materialized
+under the same fences. A stale router's receipt therefore writes nothing; a retried
+router or a duplicate delivery creates nothing twice. A receipt whose route fails is
+recorded on that receipt alone: a route that raises before any write, and a receipt whose
+rows a statement refuses by materializing the batch again one receipt at a time.
 
 The executable state goes to the claim path that owns the generation: work items for
 a WorkItem-owned generation (or one not activated yet), Event executions for an
@@ -280,23 +283,27 @@ def claim_receipts(conn: Connection, *, owner: str, limit: int, lease_ttl: timed
     ]
 
 
-def _owner(conn: Connection, registration_id: str, revision: int) -> str:
-    row = conn.execute(
-        "SELECT claim_path FROM workqueue_generations WHERE registration_id = %s AND revision = %s FOR KEY SHARE",
-        (registration_id, revision),
-    ).fetchone()
-    return row[0] if row else WORK_ITEM_PATH
+def _owners(conn: Connection, generations: set[tuple[str, int]]) -> dict[tuple[str, int], str]:
+    """The claim path of each (registration, revision); the rows are locked like a claim locks them."""
+    rows = conn.execute(
+        """SELECT registration_id, revision, claim_path FROM workqueue_generations
+            WHERE (registration_id, revision) IN (SELECT * FROM unnest(%s::text[], %s::int[]))
+            ORDER BY registration_id, revision FOR KEY SHARE""",
+        ([g[0] for g in generations], [g[1] for g in generations]),
+    ).fetchall()
+    found = {(r[0], r[1]): r[2] for r in rows}
+    return {g: found.get(g, WORK_ITEM_PATH) for g in generations}
 
 
 _INSERT_WORK = """
 INSERT INTO {table} (event_id, registration_id, revision, work_type, queue_class, max_attempts,
                      source_lane_key, target_lane_key{priority})
-SELECT d.event_id, %(registration_id)s, %(revision)s, d.work_type, d.queue_class, d.max_attempts,
+SELECT d.event_id, d.registration_id, d.revision, d.work_type, d.queue_class, d.max_attempts,
        d.source_lane, d.target_lane{priority_value}
-  FROM unnest(%(events)s::bigint[], %(types)s::text[], %(classes)s::text[], %(max)s::int[],
-              %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
-       WITH ORDINALITY AS d(event_id, work_type, queue_class, max_attempts, priority, source_lane,
-                            target_lane, ord)
+  FROM unnest(%(events)s::bigint[], %(regs)s::text[], %(revs)s::int[], %(types)s::text[], %(classes)s::text[],
+              %(max)s::int[], %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
+       WITH ORDINALITY AS d(event_id, registration_id, revision, work_type, queue_class, max_attempts, priority,
+                            source_lane, target_lane, ord)
  WHERE NOT EXISTS (SELECT 1 FROM {other} o WHERE o.event_id = d.event_id AND o.work_type = d.work_type)
  ORDER BY d.ord
 ON CONFLICT (event_id, work_type) DO NOTHING
@@ -308,117 +315,161 @@ _INSERT_EXECUTIONS = _INSERT_WORK.format(
     table="event_executions", other="connector_work_items", priority="", priority_value=""
 )
 
+# One JSON document for the batch's events, for the reason `_ADMIT_MANY` gives: each payload
+# is serialized once (its canonical form, also hashed) and spliced in as it is.
+_INSERT_EVENTS = """
+INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id, route_version, source_kind,
+                                     source_id, idempotency_key, delivery_seq, payload_hash, payload, parse_outcome,
+                                     companion, correlation)
+SELECT d.receipt_id, d.registration_id, d.revision, d.route_id, d.route_version, d.source_kind, d.source_id,
+       d.idempotency_key, d.seq, d.payload_hash, d.payload, d.parse_outcome, d.companion, d.correlation
+  FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb)
+       AS (receipt_id bigint, registration_id text, revision int, route_id text, route_version int, source_kind text,
+           source_id text, idempotency_key text, seq int, payload_hash text, payload jsonb, parse_outcome text,
+           companion jsonb, correlation jsonb))
+       WITH ORDINALITY AS d
+ ORDER BY d.ordinality
+ON CONFLICT (registration_id, idempotency_key) DO NOTHING
+"""
 
-def _insert_events_and_work(
-    conn: Connection,
-    *,
-    receipt_id: int,
-    registration_id: str,
-    revision: int,
-    route_id: str,
-    route_version: int,
-    events: Sequence[EventSpec],
-) -> tuple[list[int], int]:
-    """Insert events and their work items idempotently; returns the event ids in spec order
-    and how many work items this call created."""
+_EVENT_IDS = """
+SELECT e.event_id
+  FROM unnest(%s::text[], %s::text[]) WITH ORDINALITY AS d(registration_id, idempotency_key, ord)
+  JOIN connector_outbox_events e USING (registration_id, idempotency_key)
+ ORDER BY d.ord
+"""
+
+
+@dataclass(frozen=True)
+class PlannedReceipt:
+    """What one receipt materializes: its events under one route, checked before any write."""
+
+    receipt_id: int
+    registration_id: str
+    revision: int
+    route_id: str
+    route_version: int
+    events: Sequence[EventSpec]
+
+    def __post_init__(self) -> None:
+        keys = [e.idempotency_key for e in self.events]
+        if len(set(keys)) != len(keys):
+            raise RoutingRejected("a receipt materialized two events with the same idempotency key")
+
+
+def _event_document(planned: Sequence[PlannedReceipt]) -> str:
+    rows = []
+    for p in planned:
+        for seq, e in enumerate(p.events):
+            payload = canonical_json(e.payload)
+            companion = "null" if e.companion is None else canonical_json(e.companion)
+            fields = json.dumps({
+                "receipt_id": p.receipt_id, "registration_id": p.registration_id, "revision": p.revision,
+                "route_id": p.route_id, "route_version": p.route_version, "source_kind": e.source_kind,
+                "source_id": e.source_id, "idempotency_key": e.idempotency_key, "seq": seq,
+                "payload_hash": payload_hash(e.payload, payload), "parse_outcome": e.parse_outcome,
+                "correlation": dict(e.correlation)})
+            rows.append(f'{fields[:-1]},"payload":{payload},"companion":{companion}}}')
+    return "[" + ",".join(rows) + "]"
+
+
+def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt]) -> tuple[list[list[int]], int]:
+    """Insert the receipts' events and their work items idempotently, in a few statements for the
+    whole batch; returns each receipt's event ids in spec order and how many work items were created."""
+    events = [(p, e) for p in planned for e in p.events]
     if not events:
-        return [], 0
-    keys = [e.idempotency_key for e in events]
-    if len(set(keys)) != len(keys):
-        raise RoutingRejected("a receipt materialized two events with the same idempotency key")
-    conn.execute(
-        """
-        INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id, route_version,
-                                             source_kind, source_id, idempotency_key, delivery_seq, payload_hash,
-                                             payload, parse_outcome, companion, correlation)
-        SELECT %(receipt_id)s, %(registration_id)s, %(revision)s, %(route_id)s, %(route_version)s,
-               d.source_kind, d.source_id, d.idempotency_key, d.seq, d.payload_hash, d.payload, d.parse_outcome,
-               d.companion, d.correlation
-          FROM unnest(%(kinds)s::text[], %(ids)s::text[], %(keys)s::text[], %(seqs)s::int[], %(hashes)s::text[],
-                      %(payloads)s::jsonb[], %(outcomes)s::text[], %(companions)s::jsonb[], %(correlations)s::jsonb[])
-               AS d(source_kind, source_id, idempotency_key, seq, payload_hash, payload, parse_outcome, companion,
-                    correlation)
-         ORDER BY d.seq
-        ON CONFLICT (registration_id, idempotency_key) DO NOTHING
-        """,
-        {
-            "receipt_id": receipt_id,
-            "registration_id": registration_id,
-            "revision": revision,
-            "route_id": route_id,
-            "route_version": route_version,
-            "kinds": [e.source_kind for e in events],
-            "ids": [e.source_id for e in events],
-            "keys": keys,
-            "seqs": list(range(len(events))),
-            "hashes": [payload_hash(e.payload) for e in events],
-            "payloads": [Jsonb(e.payload) for e in events],
-            "outcomes": [e.parse_outcome for e in events],
-            "companions": [Jsonb(e.companion) if e.companion is not None else None for e in events],
-            "correlations": [Jsonb(dict(e.correlation)) for e in events],
-        },
-    )
-    found = dict(
-        conn.execute(
-            "SELECT idempotency_key, event_id FROM connector_outbox_events"
-            " WHERE registration_id = %s AND idempotency_key = ANY(%s::text[])",
-            (registration_id, keys),
-        ).fetchall()
-    )
-    event_ids = [found[k] for k in keys]
-    work_rows = [(event_id, w) for event_id, e in zip(event_ids, events) for w in e.work]
+        return [[] for _ in planned], 0
+    conn.execute(_INSERT_EVENTS, {"rows": _event_document(planned)})
+    ids = [r[0] for r in conn.execute(
+        _EVENT_IDS, ([p.registration_id for p, _ in events], [e.idempotency_key for _, e in events]))]
+    event_ids, at = [], 0
+    for p in planned:
+        event_ids.append(ids[at:at + len(p.events)])
+        at += len(p.events)
+    work_rows = [(event_id, p, w) for event_id, (p, e) in zip(ids, events) for w in e.work]
+    if not work_rows:
+        return event_ids, 0
+    owners = _owners(conn, {(p.registration_id, p.revision) for _, p, _ in work_rows})
     created = 0
-    if work_rows:
-        sql = _INSERT_EXECUTIONS if _owner(conn, registration_id, revision) == EVENT_PATH else _INSERT_WORK_ITEMS
-        created = conn.execute(
-            sql,
-            {
-                "registration_id": registration_id,
-                "revision": revision,
-                "events": [r[0] for r in work_rows],
-                "types": [r[1].work_type for r in work_rows],
-                "classes": [r[1].queue_class for r in work_rows],
-                "max": [r[1].max_attempts for r in work_rows],
-                "prio": [r[1].priority for r in work_rows],
-                "src": [r[1].source_lane_key for r in work_rows],
-                "tgt": [r[1].target_lane_key for r in work_rows],
-            },
-        ).rowcount
+    for path, sql in ((WORK_ITEM_PATH, _INSERT_WORK_ITEMS), (EVENT_PATH, _INSERT_EXECUTIONS)):
+        rows = [r for r in work_rows if owners[(r[1].registration_id, r[1].revision)] == path]
+        if rows:
+            created += conn.execute(sql, {
+                "events": [r[0] for r in rows], "regs": [r[1].registration_id for r in rows],
+                "revs": [r[1].revision for r in rows], "types": [r[2].work_type for r in rows],
+                "classes": [r[2].queue_class for r in rows], "max": [r[2].max_attempts for r in rows],
+                "prio": [r[2].priority for r in rows], "src": [r[2].source_lane_key for r in rows],
+                "tgt": [r[2].target_lane_key for r in rows],
+            }).rowcount
     return event_ids, created
 
 
-def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
-    """Write events and work items for a claimed receipt and mark it materialized, atomically.
+_HOLD_RECEIPTS = """
+SELECT r.receipt_id
+  FROM unnest(%s::bigint[], %s::bigint[]) AS h(receipt_id, token)
+  JOIN ingress_receipts r ON r.receipt_id = h.receipt_id AND r.router_token = h.token
+ WHERE r.routing_status = 'routing' AND r.router_lease_until > now()
+ ORDER BY r.receipt_id
+   FOR UPDATE OF r
+"""
 
-    Raises LeaseLostError (and writes nothing) when the receipt is no longer held with
-    `receipt.token`.
+_MARK_MATERIALIZED = """
+UPDATE ingress_receipts r
+   SET routing_status = 'materialized', enqueued_event_ids = COALESCE(e.event_ids, '{}'), materialized_at = now(),
+       router_lease_until = NULL, routing_error_class = NULL, routing_error = NULL, updated_at = now()
+  FROM unnest(%(receipts)s::bigint[], %(tokens)s::bigint[]) AS h(receipt_id, token)
+  LEFT JOIN (SELECT receipt_id, array_agg(event_id ORDER BY ord) AS event_ids
+               FROM unnest(%(event_receipts)s::bigint[], %(event_ids)s::bigint[])
+                    WITH ORDINALITY AS e(receipt_id, event_id, ord)
+              GROUP BY receipt_id) e USING (receipt_id)
+ WHERE r.receipt_id = h.receipt_id AND r.router_token = h.token
+"""
+
+
+def materialize_batch(
+    conn: Connection, batch: Sequence[tuple[ClaimedReceipt, PlannedReceipt]]
+) -> dict[int, list[int]]:
+    """Write events and work items for claimed receipts and mark them materialized, in one transaction.
+
+    Each receipt is fenced by its own token: the receipts still held are locked first, and a
+    receipt that is not (its lease ran out, another router took it) writes nothing and is
+    missing from the result, which maps each materialized receipt id to its event ids.
     """
     with conn.transaction():
-        held = conn.execute(
-            "SELECT 1 FROM ingress_receipts WHERE receipt_id = %s AND router_token = %s"
-            " AND routing_status = 'routing' AND router_lease_until > now() FOR UPDATE",
-            (receipt.receipt_id, receipt.token),
-        ).fetchone()
-        if held is None:
-            raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
-        event_ids, _ = _insert_events_and_work(
-            conn,
-            receipt_id=receipt.receipt_id,
-            registration_id=receipt.registration_id,
-            revision=receipt.revision,
-            route_id=route.route_id,
-            route_version=route.version,
-            events=events,
-        )
-        conn.execute(
-            """UPDATE ingress_receipts
-                  SET routing_status = 'materialized', enqueued_event_ids = %s, materialized_at = now(),
-                      router_lease_until = NULL, routing_error_class = NULL, routing_error = NULL,
-                      updated_at = now()
-                WHERE receipt_id = %s AND router_token = %s""",
-            (event_ids, receipt.receipt_id, receipt.token),
-        )
-    return event_ids
+        held = {r[0] for r in conn.execute(
+            _HOLD_RECEIPTS, ([c.receipt_id for c, _ in batch], [c.token for c, _ in batch]))}
+        kept = [(c, p) for c, p in batch if c.receipt_id in held]
+        if not kept:
+            return {}
+        event_ids, _ = _insert_events_and_work(conn, [p for _, p in kept])
+        conn.execute(_MARK_MATERIALIZED, {
+            "receipts": [c.receipt_id for c, _ in kept], "tokens": [c.token for c, _ in kept],
+            "event_receipts": [c.receipt_id for (c, _), ids in zip(kept, event_ids) for _ in ids],
+            "event_ids": [i for ids in event_ids for i in ids],
+        })
+    return {c.receipt_id: ids for (c, _), ids in zip(kept, event_ids)}
+
+
+def plan(receipt: ClaimedReceipt, routes: RouteTable) -> PlannedReceipt:
+    """Resolve a claimed receipt through the route table (raises what `route_receipts` records)."""
+    route = routes.get(receipt.route_key)
+    if route is None:
+        raise UnknownRoute(f"no route for route key {receipt.route_key!r}")
+    return _planned(receipt, route, list(route.materialize(receipt)))
+
+
+def _planned(receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> PlannedReceipt:
+    return PlannedReceipt(receipt.receipt_id, receipt.registration_id, receipt.revision, route.route_id,
+                          route.version, events)
+
+
+def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
+    """`materialize_batch` for one receipt; raises LeaseLostError (and writes nothing) when the
+    receipt is no longer held with `receipt.token`."""
+    done = materialize_batch(conn, [(receipt, _planned(receipt, route, events))])
+    if receipt.receipt_id not in done:
+        raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
+    return done[receipt.receipt_id]
 
 
 def record_routing_failure(
@@ -468,32 +519,51 @@ def route_receipts(
     lease_ttl: timedelta = timedelta(seconds=60),
     policy: RetryPolicy = DEFAULT_POLICY,
 ) -> RouterReport:
-    """Claim one batch of due receipts and route each; failures are recorded, never raised."""
+    """Claim one batch of due receipts and route it; failures are recorded on their receipt, never raised.
+
+    Each receipt is planned on its own (a route that raises is recorded on that receipt
+    alone), then the batch is materialized in one transaction. Should that transaction fail
+    (a row some statement refuses), its receipts are materialized one at a time, so the
+    failure is recorded on the receipt that caused it and the others still commit.
+    """
     report = RouterReport()
-    for receipt in claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl):
-        report.claimed += 1
-        try:
-            route = routes.get(receipt.route_key)
-            if route is None:
-                raise UnknownRoute(f"no route for route key {receipt.route_key!r}")
-            events = list(route.materialize(receipt))
-            event_ids = materialize(conn, receipt, route, events)
-        except LeaseLostError:
+    claimed = claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl)
+    report.claimed = len(claimed)
+    failed: set[int] = set()
+
+    def fail(receipt: ClaimedReceipt, exc: Exception) -> None:
+        failed.add(receipt.receipt_id)
+        status = record_routing_failure(
+            conn, receipt, exc, terminal=isinstance(exc, RoutingRejected), delay_s=policy.delay(receipt.attempts)
+        )
+        if status is None:
             report.lost += 1
-            continue
+        elif status == "failed":
+            report.failed += 1
+        else:
+            report.retried += 1
+
+    batch = []
+    for receipt in claimed:
+        try:
+            batch.append((receipt, plan(receipt, routes)))
         except Exception as exc:  # noqa: BLE001 - every routing failure is recorded on the receipt
-            status = record_routing_failure(
-                conn, receipt, exc, terminal=isinstance(exc, RoutingRejected), delay_s=policy.delay(receipt.attempts)
-            )
-            if status is None:
-                report.lost += 1
-            elif status == "failed":
-                report.failed += 1
-            else:
-                report.retried += 1
-            continue
-        report.materialized += 1
-        report.events += len(event_ids)
+            fail(receipt, exc)
+    try:
+        done = materialize_batch(conn, batch) if batch else {}
+    except Exception:  # noqa: BLE001 - some receipt's rows broke the batch: find which, one at a time
+        done = {}
+        for one in batch:
+            try:
+                done.update(materialize_batch(conn, [one]))
+            except Exception as exc:  # noqa: BLE001
+                fail(one[0], exc)
+    for receipt, _ in batch:
+        if receipt.receipt_id in done:
+            report.materialized += 1
+            report.events += len(done[receipt.receipt_id])
+        elif receipt.receipt_id not in failed:
+            report.lost += 1
     return report
 
 
@@ -545,14 +615,9 @@ def enqueue_work_items(
                    RETURNING receipt_id""",
                 (registration_id, revision, uuid.uuid4().hex, route_id),
             ).fetchone()
-            _, made = _insert_events_and_work(
-                conn,
-                receipt_id=receipt_id,
-                registration_id=registration_id,
-                revision=revision,
-                route_id=route_id,
-                route_version=route_version,
-                events=[
+            _, made = _insert_events_and_work(conn, [PlannedReceipt(
+                receipt_id, registration_id, revision, route_id, route_version,
+                [
                     EventSpec(
                         source_kind=i.source_kind,
                         source_id=i.idempotency_key,
@@ -563,7 +628,7 @@ def enqueue_work_items(
                     )
                     for i in batch
                 ],
-            )
+            )])
             created += made
             conn.execute(
                 "UPDATE ingress_receipts SET enqueued_event_ids = ARRAY(SELECT event_id FROM connector_outbox_events"

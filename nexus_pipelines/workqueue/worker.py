@@ -98,9 +98,11 @@ class _ClaimSizer:
         return room
 
     def batch_size(self, items: int) -> int:
-        """Items per batch: the claim spread over the handler threads, but never below a
-        thread's share of a full claim (a small top-up stays one batch)."""
-        return max(-(-items // self._concurrency), self._batch // self._concurrency, 1)
+        """Items per batch: the claim spread evenly over as many handler threads as get at
+        least a thread's share of a full claim each (a small top-up stays one batch, and a
+        claim is never cut into a full batch and a small remainder)."""
+        batches = max(1, min(self._concurrency, items // max(self._batch // self._concurrency, 1)))
+        return max(-(-items // batches), 1)
 
     def chunk(self, claimed: int) -> int:
         if self.per_item_s is None:

@@ -33,7 +33,8 @@ class Mutant:
 
 MUTANTS = (
     Mutant("custody dedup", "nexus_pipelines/tickets/intake.py",
-           '    new = [r for r in rows if r["idx"] not in linked]\n', "    new = rows\n"),
+           "      FROM (SELECT * FROM given WHERE linked_id IS NULL ORDER BY idx) i\n",
+           "      FROM (SELECT * FROM given ORDER BY idx) i\n"),
     Mutant("receipt dedup", "nexus_pipelines/workqueue/receipts.py",
            " ORDER BY d.ordinality\nON CONFLICT (registration_id, namespace, delivery_id) DO NOTHING\n",
            " ORDER BY d.ordinality\n"),

@@ -137,3 +137,23 @@ def test_an_unchanged_re_observe_in_a_batch_writes_nothing_beside_new_and_change
     assert after["observations"] == before["observations"] + 2
     assert tickets_after[0] == tickets_before[0]  # the unchanged issue: same title, version and updated_at
     assert tickets_after[1][1:3] == ("Changed", tickets_before[1][2] + 1)
+
+
+def test_a_round_of_new_issues_is_applied_in_one_statement_and_known_ones_in_one_more(pool):
+    from tests.workqueue.support import CountingConnection
+
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, items = _claimed(plant, "batch-statements", 20)
+    with pool.connection() as conn, conn.transaction():
+        counting = CountingConnection(conn)
+        first = apply_observations(counting, [_observation(i) for i in items[:10]])
+    assert [r.outcome for r in first] == ["created"] * 10 and counting.statements == 1
+    mixed = [_observation(i, title=f"edited {n}") if n % 2 else _observation(i) for n, i in enumerate(items[:10])]
+    with pool.connection() as conn, conn.transaction():
+        counting = CountingConnection(conn)
+        second = apply_observations(counting, mixed + [_observation(i) for i in items[10:]])
+    assert [r.outcome for r in second] == ["unchanged", "updated"] * 5 + ["created"] * 10
+    assert [r.ticket_id for r in second[:10]] == [r.ticket_id for r in first]
+    assert counting.statements == 2
+    with pool.connection() as conn:
+        assert counts(conn, registration)["observations"] == 25

@@ -132,3 +132,18 @@ def restart_postgres(server, down_s: float) -> None:
     time.sleep(down_s)
     pg.pg_ctl(["-w", "-t", "60", "-o", options, "-l", str(server.log_file), "start"], pgdata=server.data_dir,
               user=_run_as(), timeout=120)
+
+
+class CountingConnection:
+    """A connection that counts the statements sent through it."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self.statements = 0
+
+    def execute(self, *args, **kwargs):
+        self.statements += 1
+        return self._conn.execute(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)

@@ -61,3 +61,13 @@ def test_a_batch_that_fails_as_a_whole_retries_every_item_of_it(control_conn, co
     report = drain(control_dsn, HandlerRegistry({"observe": Batched(broken)}), registration_ids=[reg],
                    concurrency=2, claim_batch=100, retry_policy=FAST, time_budget_s=60)
     assert sum(calls) == 40 and report.dead == 20 and report.retried == 20 and report.completed == 0
+
+
+def test_a_claim_is_split_into_even_batches_without_a_small_remainder():
+    from nexus_pipelines.workqueue.worker import _ClaimSizer
+
+    sizer = _ClaimSizer(claim_batch=100, concurrency=2, fast=False, batched=True)
+    assert sizer.batch_size(100) == 50  # a full claim: a thread's share each
+    assert sizer.batch_size(70) == 70  # not 50 and 20
+    assert sizer.batch_size(30) == 30  # a small top-up stays one batch
+    assert _ClaimSizer(claim_batch=100, concurrency=4, fast=False, batched=True).batch_size(90) == 30
