@@ -357,12 +357,18 @@ class PlannedReceipt:
             raise RoutingRejected("a receipt materialized two events with the same idempotency key")
 
 
+def _stored_json(value: Any) -> str:
+    """The canonical form of a value that is stored, strictly: a value JSON cannot hold fails its
+    receipt's route (TypeError) instead of being stored as its str(), as the hash's form allows."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
 def _event_document(planned: Sequence[PlannedReceipt]) -> str:
     rows = []
     for p in planned:
         for seq, e in enumerate(p.events):
-            payload = canonical_json(e.payload)
-            companion = "null" if e.companion is None else canonical_json(e.companion)
+            payload = _stored_json(e.payload)
+            companion = "null" if e.companion is None else _stored_json(e.companion)
             fields = json.dumps({
                 "receipt_id": p.receipt_id, "registration_id": p.registration_id, "revision": p.revision,
                 "route_id": p.route_id, "route_version": p.route_version, "source_kind": e.source_kind,

@@ -112,6 +112,23 @@ def test_a_receipt_whose_rows_the_database_refuses_fails_alone_and_the_others_co
     assert error_class == "UntranslatableCharacter"
 
 
+def test_a_payload_json_cannot_hold_fails_its_receipt_instead_of_being_stored_as_text(control_conn, reg):
+    _admit(control_conn, reg, 2)
+
+    def unserializable_d1(receipt):
+        events = _events(receipt)
+        if receipt.delivery_id == "d1":  # a set is no JSON value: storing its str() would change the payload
+            return [EventSpec("issue", "I-1", "observe:I-1", payload={"labels": {"bug"}}, work=events[0].work)]
+        return events
+
+    route_receipts(control_conn, _routes(unserializable_d1), owner="router", limit=500, policy=FAST)
+    assert _state(control_conn, reg) == {"d0": ("materialized", 1, 2), "d1": ("pending", 0, 0)}
+    (error_class,) = control_conn.execute(
+        "SELECT routing_error_class FROM ingress_receipts WHERE registration_id = %s AND delivery_id = 'd1'",
+        (reg,)).fetchone()
+    assert error_class == "TypeError"
+
+
 def test_the_same_batch_routed_twice_creates_nothing_new(control_conn, reg):
     _admit(control_conn, reg, 5)
     route_receipts(control_conn, _routes(), owner="router", limit=500)
