@@ -6,6 +6,7 @@ import time
 from collections.abc import Callable
 
 from psycopg import Connection
+from psycopg.pq import TransactionStatus
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.workqueue import claims, generations, rollback
@@ -135,15 +136,25 @@ def restart_postgres(server, down_s: float) -> None:
 
 
 class CountingConnection:
-    """A connection that counts the statements sent through it."""
+    """The connection a poll runs on, counting the statements it sends and the transactions it
+    commits (a statement outside a transaction block commits on its own)."""
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn) -> None:
         self._conn = conn
         self.statements = 0
+        self.commits = 0
+
+    def _idle(self) -> bool:
+        return self._conn.info.transaction_status == TransactionStatus.IDLE
 
     def execute(self, *args, **kwargs):
         self.statements += 1
+        self.commits += self._idle()
         return self._conn.execute(*args, **kwargs)
+
+    def transaction(self, *args, **kwargs):
+        self.commits += self._idle()
+        return self._conn.transaction(*args, **kwargs)
 
     def __getattr__(self, name):
         return getattr(self._conn, name)

@@ -5,7 +5,6 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from psycopg.pq import TransactionStatus
 
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.tick import issue_version, poll
@@ -13,31 +12,7 @@ from nexus_pipelines.connectors.core.values import ExternalIssue
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant, executor
-
-
-class CountingConnection:
-    """The connection a poll runs on, counting the statements it sends and the transactions it
-    commits (a statement outside a transaction block commits on its own)."""
-
-    def __init__(self, conn) -> None:
-        self._conn = conn
-        self.statements = 0
-        self.commits = 0
-
-    def _idle(self) -> bool:
-        return self._conn.info.transaction_status == TransactionStatus.IDLE
-
-    def execute(self, *args, **kwargs):
-        self.statements += 1
-        self.commits += self._idle()
-        return self._conn.execute(*args, **kwargs)
-
-    def transaction(self, *args, **kwargs):
-        self.commits += self._idle()
-        return self._conn.transaction(*args, **kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._conn, name)
+from tests.workqueue.support import CountingConnection
 
 
 def _statements_for_one_page(pool, key: str, issues: int) -> tuple[int, int]:
