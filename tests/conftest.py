@@ -15,6 +15,14 @@ import os
 # pre-exec step (pg_ctl run as the server's user) while gRPC threads run can see that child
 # die with SIGSEGV before it execs. Its fork support is not needed in tests.
 os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "0")
+import signal
+
+# A suite started in the background of a non-interactive shell (`make test &`) inherits
+# SIGINT ignored, and an in-process Dagster run copies SIGINT's handler onto SIGTERM: every
+# child a later test starts would then ignore SIGTERM (a pool that never terminates, a stack
+# process that outlives `stop`). Python's own SIGINT handler keeps SIGTERM meaningful.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 import uuid
 from collections.abc import Iterator
 from pathlib import Path

@@ -43,13 +43,19 @@ class PidFile:
         self.path.unlink(missing_ok=True)
         if pid is None or not _signal(pid, signal.SIGTERM):
             return False
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if not alive(pid):
-                return True
-            time.sleep(0.1)
-        _signal(pid, signal.SIGKILL)
+        if not _gone_within(pid, grace_s):
+            _signal(pid, signal.SIGKILL)  # one that ignores SIGTERM (inherited from its launcher)
+            _gone_within(pid, 5.0)
         return True
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _started_at(pid: int) -> str:

@@ -79,3 +79,14 @@ def test_a_pid_file_of_an_earlier_version_still_stops_the_stack_process_it_names
     assert pid_file.pid() == stack_process.pid
     assert pid_file.stop() is True
     assert not alive(stack_process.pid)
+
+
+def test_a_recorded_process_that_ignores_sigterm_is_killed_and_gone_when_stop_returns(tmp_path):
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); print('ready', flush=True); time.sleep(60)"], stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "ready"  # SIGTERM is ignored from here on
+    pid_file = PidFile(tmp_path / "sandbox.pid")
+    pid_file.record(child.pid)
+    assert pid_file.stop(grace_s=0.5) is True
+    assert not alive(child.pid)
