@@ -16,8 +16,10 @@ $(STAMP): pyproject.toml constraints.txt
 	@PYTHONWARNINGS=ignore $(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,bench]'
 	@touch $(STAMP)
 
+# Two workers, each with its own embedded Postgres and emulator; a file's tests stay on one
+# worker, so module fixtures are shared as they are in a plain `pytest` run.
 test: $(STAMP) chromium
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2 --dist loadfile
 
 # The page tests drive Debian's Chromium through Playwright (`playwright install` cannot
 # download browsers here), so `make test` installs it when it is missing.
