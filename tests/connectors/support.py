@@ -66,3 +66,16 @@ def everything_recorded(plant: Plant, registration: Registration, reports: Seque
         texts.append(all_control_text(conn))
         texts.extend(v.cursor or "" for v in store.progress(conn, [registration.registration_id]))
     return "\n".join(texts)
+
+
+def expired_claim(conn: Connection, registration: Registration) -> store.PollClaim:
+    """A poll claim taken by a slow poller whose lease has since run out (by the database clock)."""
+    from datetime import timedelta
+
+    from nexus_pipelines.connectors.registry import REGISTRY
+
+    stale = store.claim_due(conn, REGISTRY, owner="slow", ttl=timedelta(seconds=60),
+                            registration_ids=[registration.registration_id])
+    conn.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second'"
+                 " WHERE registration_key = %s", (registration.key,))
+    return stale

@@ -21,7 +21,7 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.tickets.proofs import ProofRefused
 from nexus_pipelines.workqueue.dlq import replay
 from nexus_pipelines.local.worlds.plant import Plant, executor
-from tests.connectors.support import counts, tickets_by_ref
+from tests.connectors.support import counts, expired_claim, tickets_by_ref
 
 
 @pytest.fixture
@@ -108,10 +108,7 @@ def test_a_stale_poll_fence_writes_nothing(plant, pool, request):
     plant.world.add_issues(3)
     with pool.connection() as conn:
         store.request_poll(conn, [registration.registration_id])
-        stale = store.claim_due(conn, REGISTRY, owner="slow", ttl=timedelta(seconds=60),
-                                registration_ids=[registration.registration_id])
-        conn.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second'"
-                     " WHERE registration_key = %s", (registration.key,))
+        stale = expired_claim(conn, registration)
         report = run_tick(conn, REGISTRY, plant.composer, owner="fresh", executor=executor(),
                           registration_ids=[registration.registration_id])
         assert report.outcome == "page" and report.issues == 3

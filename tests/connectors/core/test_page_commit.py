@@ -12,6 +12,7 @@ from nexus_pipelines.connectors.core.values import ExternalIssue
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant, executor
+from tests.connectors.support import expired_claim
 from tests.workqueue.support import CountingConnection
 
 
@@ -39,13 +40,20 @@ def test_a_page_of_many_issues_commits_in_as_many_statements_as_a_page_of_one(po
     assert one <= 3, one  # the claim, the fenced cursor update, the page's receipts
 
 
-def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_page_commit(pool):
+def _due(pool, key: str, issues: int):
+    """A GitLab registration read 4 issues a page, holding `issues` issues, its poll due now."""
     plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key="walk", page_size=4)
+    registration = plant.world.registration(key=key, page_size=4)
     plant.activate(registration)
-    plant.world.add_issues(10)
+    plant.world.add_issues(issues)
     with pool.connection() as conn:
         store.request_poll(conn, [registration.registration_id])
+    return plant, registration
+
+
+def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_page_commit(pool):
+    plant, registration = _due(pool, "walk", issues=10)
+    with pool.connection() as conn:
         counting = CountingConnection(conn)
         report = poll(counting, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id])
@@ -55,12 +63,8 @@ def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_p
 
 
 def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(pool):
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key="budget", page_size=4)
-    plant.activate(registration)
-    plant.world.add_issues(10)
+    plant, registration = _due(pool, "budget", issues=10)
     with pool.connection() as conn:
-        store.request_poll(conn, [registration.registration_id])
         report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id], time_budget_s=0.5,
                       on_tick=lambda _: time.sleep(0.6))  # the budget ends after the first page
@@ -72,11 +76,8 @@ def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(poo
 
 
 def test_an_empty_page_advances_the_cursor_under_its_fence(pool):
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key="empty", page_size=4)
-    plant.activate(registration)
+    plant, registration = _due(pool, "empty", issues=0)
     with pool.connection() as conn:
-        store.request_poll(conn, [registration.registration_id])
         report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id])
         (cursor, pages) = conn.execute("SELECT cursor_token, pages FROM connector_progress WHERE registration_key = %s",
@@ -95,10 +96,7 @@ def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
                           external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/1")
     with pool.connection() as conn:
         store.request_poll(conn, [registration.registration_id])
-        stale = store.claim_due(conn, REGISTRY, owner="slow", ttl=timedelta(seconds=60),
-                                registration_ids=[registration.registration_id])
-        conn.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second'"
-                     " WHERE registration_key = %s", (registration.key,))
+        stale = expired_claim(conn, registration)
         with pytest.raises(store.PollLeaseLost):
             store.commit_page(conn, stale, [issue_version(issue, registration)], next_cursor="stale", exhausted=False,
                               then_claim=store.ClaimRequest(REGISTRY, "slow", timedelta(seconds=60)))
