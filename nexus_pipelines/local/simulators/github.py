@@ -21,7 +21,9 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
   `"first"`, `"prev"`, the form GitHub's pagination guide shows for this listing), so
   an update or deletion between two requests shifts later rows back one position. A
   page number deep in a listing (`page` without `after`, 1,000 rows or more in) is
-  refused with 422 as GitHub does; every listing has an ETag and `If-None-Match` gets
+  refused with 422 as GitHub does, and an empty `after=` asks for the first page in the
+  cursor form (its links carry `after=` even in page mode, as GitHub gives an initial
+  cursor to a request with an empty `after`); every listing has an ETag and `If-None-Match` gets
   a 304 that costs no rate limit (`charged_calls` counts the answers that did cost it).
   Timestamps are whole seconds.
 * Comments (ascending id, page-numbered `Link` pages) and their creation (a comment
@@ -662,13 +664,15 @@ class Endpoints:
         rows = [i for i in self.repo.issues.values() if (state == "all" or i.state == state)
                 and (since is None or i.updated_at > since)]
         rows.sort(key=lambda i: _position(i, sort), reverse=direction == "desc")
-        after = param("after")
+        after = param("after")  # present, even empty (the first cursor page): cursor pagination
         if after:
             position = _decode_position(after)
             if position is None:
                 return invalid("after")
             ascending = direction == "asc"
             rows = [i for i in rows if (_position(i, sort) > position if ascending else _position(i, sort) < position)]
+        elif after is not None:
+            pass  # the first page in the cursor form: its links carry `after=`
         elif (page - 1) * per_page >= DEEP_PAGE_ROWS:
             return error(422, DEEP_PAGE_MESSAGE)
         else:
@@ -677,7 +681,7 @@ class Endpoints:
         kept = {k: v[-1] for k, v in self.request.query.items() if k not in ("after", "before", "page")}
         base = f"{self.api}/repositories/{self.repo.id}/issues"
         headers = {}
-        if self.state.issue_paging == "page" and not after:
+        if self.state.issue_paging == "page" and after is None:
             total_pages = max((page - 1) + (len(rows) + per_page - 1) // per_page, 1)
             headers = _page_links(base, {**kept, "per_page": per_page}, page, total_pages)
         elif len(rows) > per_page:
