@@ -33,7 +33,9 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
 * Rate limits with GitHub's headers: a primary budget per installation (403 with
   `x-ratelimit-remaining: 0` until `x-ratelimit-reset`; `x-ratelimit-*` on every
   answer), a secondary limit on content creation (GitHub's 80 content-creating requests
-  a minute and 500 an hour; of the routes here only a comment creates content): the
+  a minute and 500 an hour, on by default on the simulator's own clock, so a world on a
+  frozen clock that creates more than 80 comments must move its clock; `secondary = None`
+  turns it off; of the routes here only a comment creates content): the
   creation past `creations` in any 60 s or past `hourly_creations` in any hour (per
   installation, whichever client or process sends it) blocks the installation's content
   creation for `retry_after` seconds (a minute when GitHub sends only the message), and
@@ -193,7 +195,7 @@ class GitHubState:
         self.faults = FaultQueue()
         self.issue_paging = "after"  # "after": keyset links; "page": page-number links only
         self.primary: PrimaryLimit | None = None
-        self.secondary: SecondaryLimit | None = None
+        self.secondary: SecondaryLimit | None = SecondaryLimit()  # GitHub documents it: always on (None: off)
         self.calls: Counter[str] = Counter()
         self.limited_calls = 0
         self.charged_calls = 0  # answers that counted against the primary limit (a 304 does not)
