@@ -212,14 +212,12 @@ def _gate_schedule_s(provider: str, proofs: int) -> float:
 
 
 def _documented_write_limits(provider: str, world) -> None:
-    """The simulator enforces the provider's documented content limits from here on, on the real
-    clock (the gate's windows are real time): GitHub's 80 comments a minute and 500 an hour."""
+    """The simulator's documented content limits (GitHub's 80 comments a minute and 500 an hour,
+    always on) count on the real clock from here on, as the gate's windows do."""
     if provider == "github":
-        from nexus_pipelines.local.simulators.github import SecondaryLimit
         from nexus_pipelines.local.simulators.http import SimClock
 
         world.state.clock = SimClock()  # from the frozen start to now: minutes ahead, nothing expires
-        world.state.secondary = SecondaryLimit()
 
 
 def _drain_close_backs(pool, registry, registration_id: str, schedule_s: float):

@@ -199,7 +199,7 @@ def sweep_cmd(keys: tuple[str, ...], max_pages: int, time_budget_s: float) -> No
                                    bounds=SweepBounds(max_pages=max_pages, time_budget_s=time_budget_s))
                 except CompositionError as exc:
                     raise UserError(str(exc)) from None
-                failed |= report.outcome in ("failed", "lease_busy")
+                failed |= report.outcome in ("failed", "lease_busy", "inactive")
                 click.echo(report.line())
             while route_receipts(conn, build_route_table(), owner=owner(), limit=500).claimed:
                 pass  # the re-observed gaps reach their work items (`nexus-pipelines queue drain` applies them)

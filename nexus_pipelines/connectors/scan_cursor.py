@@ -64,13 +64,14 @@ def next_scan_since(since: datetime | None, hwm: datetime | None, scan_from: dat
     return since if since is not None and start < since else start
 
 
-def is_keyset_link(link: str, keyset_param: str) -> bool:
+def is_keyset_link(link: str, keyset_param: str | None) -> bool:
     """Whether a next link carries the provider's keyset position (GitHub `after=`, GitLab
-    `cursor=`); any other next link is an offset (page-number) link."""
-    return any(name == keyset_param for name, _ in parse_qsl(urlsplit(link).query, keep_blank_values=True))
+    `cursor=`); any other next link is an offset (page-number) link, and so is every opaque
+    page token that may hold an offset (`keyset_param` None: Jira's `nextPageToken`)."""
+    return keyset_param is not None and any(name == keyset_param for name, _ in parse_qsl(urlsplit(link).query, keep_blank_values=True))
 
 
-def reanchor(next_link: str | None, first: datetime | None, last: datetime | None, *, keyset_param: str,
+def reanchor(next_link: str | None, first: datetime | None, last: datetime | None, *, keyset_param: str | None,
              boundary: Callable[[datetime], datetime]) -> datetime | None:
     """Where the scan goes on with a fresh first page instead of following `next_link`, or
     None to follow `next_link` exactly as given.
@@ -214,8 +215,9 @@ class Step:
 
 
 def page_step(watch: Watch, *, items: Sequence[Item], served: datetime | None, next_link: str | None,
-              keyset_param: str, boundary: Callable[[datetime], datetime], hwm: datetime | None) -> Step:
-    """The one rule for a page of a scan over keyset or offset links (GitLab, GitHub), whose
+              keyset_param: str | None, boundary: Callable[[datetime], datetime], hwm: datetime | None) -> Step:
+    """The one rule for a page of a scan over keyset or offset links (GitLab, GitHub) or opaque
+    page tokens that may hold an offset (Jira: `next_link` is the token, `keyset_param` None), whose
     `items` are in page order: a shift repeats the scan; an offset page re-anchors
     (`reanchor`) unless it is a tie walk, which the watch remembers; `hwm` is the scan's
     newest update including this page."""

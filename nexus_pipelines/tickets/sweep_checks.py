@@ -1,9 +1,13 @@
 """The reconciliation sweep in Dagster: one `missed_by_incremental_scans` check per
-registration's tickets asset, run by the `connectors_sweep` job (daily schedule, stopped by
-default; from the launchpad for chosen registrations, or by executing one check).
+registration's tickets asset, run by the `connectors_sweep` job (a daily schedule, running
+by default: a deployment that never sweeps has no net under the incremental scans; from the
+launchpad for chosen registrations, or by executing one check).
 
 Each check result says `missed by incremental scans: N` (WARN when N > 0, ERROR when the
 sweep could not finish), and the tickets asset gets an observation with the sweep's counts.
+A registration whose revision is not the active one is not polled, so there is nothing to
+sweep: its check passes saying so, with no provider call (a first start with registration
+files that nobody activated yet raises no alarm).
 """
 
 import os
@@ -54,9 +58,11 @@ class SweepConfig(Config):
 
 def sweep_result(rid: str, report: SweepReport) -> AssetCheckResult:
     missed = len(report.gaps)
-    finished = report.outcome in ("complete", "partial")
+    finished = report.outcome in ("complete", "partial", "inactive")
     description = f"missed by incremental scans: {missed}"
-    if report.outcome != "complete":
+    if report.outcome == "inactive":
+        description = f"not swept: {report.detail}"
+    elif report.outcome != "complete":
         description += f" (sweep {report.outcome}: {report.detail})"
     return AssetCheckResult(
         asset_key=tickets_asset_key(rid), check_name=SWEEP_CHECK, passed=finished and missed == 0,
@@ -131,6 +137,6 @@ def sweep_job_and_schedule(check):
     job = define_asset_job(SWEEP_JOB, selection=AssetSelection.checks(check),
                            description="Reconciliation sweep of connector registrations (see the README).")
     schedule = ScheduleDefinition(name=SWEEP_SCHEDULE, job=job, cron_schedule="17 3 * * *",
-                                  default_status=DefaultScheduleStatus.STOPPED,
+                                  default_status=DefaultScheduleStatus.RUNNING,
                                   description="Sweep every registration once a day (03:17 UTC).")
     return job, schedule

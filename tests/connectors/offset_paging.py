@@ -68,7 +68,7 @@ def refs_and_titles(issues) -> set[tuple[str, str]]:
 
 def list_queries(world) -> list[dict[str, str]]:
     """The query of every listing request the world's transport received, in order."""
-    return [{k: v[-1] for k, v in parse_qs(urlsplit(str(request.url)).query).items()}
+    return [{k: v[-1] for k, v in parse_qs(urlsplit(str(request.url)).query, keep_blank_values=True).items()}
             for request, (operation, _) in zip(world.transport.requests, world.requests()) if operation == "list"]
 
 

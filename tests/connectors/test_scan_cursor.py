@@ -43,6 +43,13 @@ def test_a_keyset_link_is_told_apart_by_its_parameter(link, keyset):
     assert is_keyset_link(link, marker) is keyset
 
 
+def test_an_opaque_page_token_is_never_a_keyset_link_and_reanchors_like_an_offset_link():
+    token = "/x?after=abc"  # whatever an opaque token (Jira's nextPageToken) happens to hold
+    assert not is_keyset_link(token, None)
+    last = T + timedelta(minutes=9)
+    assert reanchor(token, T, last, keyset_param=None, boundary=exact) == last
+
+
 def test_keyset_links_and_the_scan_end_are_followed_as_given():
     first, last = T, T + timedelta(minutes=9)
     assert reanchor("/x?after=abc", first, last, keyset_param="after", boundary=exact) is None

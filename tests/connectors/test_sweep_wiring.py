@@ -3,6 +3,10 @@ schedule) and through `nexus-pipelines connectors sweep`, over a GitLab served o
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from datetime import timedelta
 
 import pytest
@@ -19,6 +23,7 @@ from nexus_pipelines.control.resources import ControlPlaneResource
 from nexus_pipelines.tickets.handlers import route_versions
 from tests.connectors.served import serve_gitlab
 from nexus_pipelines.local.worlds.tokens import gitlab_token
+from nexus_pipelines.settings import PROJECT_ROOT
 
 TOKEN = gitlab_token("sweep-wiring-0123456789abcdef")
 
@@ -65,7 +70,7 @@ def test_the_sweep_job_of_the_definitions_warns_on_a_gap_and_observes_the_ticket
                              build_ticket_defs(load_registrations(served.folder)))
     rid = served.registration.registration_id
     schedule = defs.get_schedule_def(SWEEP_SCHEDULE)
-    assert schedule.default_status == DefaultScheduleStatus.STOPPED and schedule.job_name == SWEEP_JOB
+    assert schedule.default_status == DefaultScheduleStatus.RUNNING and schedule.job_name == SWEEP_JOB
     checks = defs.get_repository_def().asset_graph.asset_check_keys
     assert {AssetCheckKey(tickets_asset_key(r), SWEEP_CHECK) for r in (rid, "acme/other")} <= checks
 
@@ -81,3 +86,40 @@ def test_the_sweep_job_of_the_definitions_warns_on_a_gap_and_observes_the_ticket
                       if e.event_type_value == "ASSET_OBSERVATION"]
     assert observation.asset_key == tickets_asset_key(rid)
     assert observation.metadata["sweep_missed"].value == 1 and observation.metadata["sweep_listed"].value == 4
+
+
+def _loaded_sweep_wiring(connectors_dir) -> dict:
+    """The sweep's schedule and job as the code location loads them (a fresh process: the
+    Definitions read NEXUS_CONNECTORS_DIR when imported)."""
+    probe = """if True:
+        import json
+        from nexus_pipelines.definitions import defs
+        repository = defs.get_repository_def()
+        print(json.dumps({"schedules": {s.name: s.default_status.value for s in repository.schedule_defs},
+                          "jobs": sorted(j.name for j in repository.get_all_jobs())}))"""
+    env = {**os.environ, "NEXUS_CONNECTORS_DIR": str(connectors_dir), "PYTHONPATH": str(PROJECT_ROOT)}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=PROJECT_ROOT, env=env, capture_output=True, text=True,
+                            timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout.splitlines()[-1])
+
+
+def test_the_loaded_definitions_run_the_daily_sweep_by_default_once_there_are_registrations():
+    loaded = _loaded_sweep_wiring(PROJECT_ROOT / "configs" / "connectors" / "examples")
+    assert loaded["schedules"][SWEEP_SCHEDULE] == "RUNNING" and SWEEP_JOB in loaded["jobs"]
+
+
+def test_the_loaded_definitions_without_registrations_have_no_sweep_to_run(tmp_path):
+    loaded = _loaded_sweep_wiring(tmp_path)
+    assert SWEEP_SCHEDULE not in loaded["schedules"] and SWEEP_JOB not in loaded["jobs"]
+
+
+def test_the_scheduled_sweep_of_a_registration_nobody_activated_passes_without_a_provider_call(served, control_dsn):
+    defs = Definitions.merge(Definitions(resources={"control_plane": ControlPlaneResource(dsn=control_dsn)}),
+                             build_ticket_defs(load_registrations(served.folder)))
+    before = dict(served.state.calls)
+    result = defs.resolve_job_def(SWEEP_JOB).execute_in_process(instance=DagsterInstance.ephemeral())
+    assert result.success
+    (evaluation,) = [e.event_specific_data for e in result.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert evaluation.passed and evaluation.description.startswith("not swept: revision ")
+    assert dict(served.state.calls) == before  # nothing asked of the provider

@@ -146,9 +146,11 @@ def topology(tmp_path_factory, control_dsn, pg_admin_dsn, bq_emulator_url):
         drop_database(pg_admin_dsn, storage)
 
 
-def test_sensors_and_schedules_are_off_on_first_start(topology):
+def test_sensors_and_schedules_are_off_on_first_start_but_the_daily_sweep(topology):
     states = topology.webserver.instigators()
     assert len(topology.sensors()) == 3, states
+    # the sweep is the net under the polls; it sweeps only activated registrations (none yet)
+    assert states.pop("connectors_sweep_daily") == "RUNNING", states
     assert states and set(states.values()) == {"STOPPED"}, states
 
 

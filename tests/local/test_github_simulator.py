@@ -205,6 +205,18 @@ def test_secondary_limits_on_content_creation(state, client, retry_after):
 
 
 
+def test_githubs_documented_content_limit_holds_by_default_on_the_simulators_own_clock(state, client):
+    authed(client)
+    seed(state, 1)  # no limit configured: GitHub's 80 a minute and 500 an hour
+    comment = lambda: client.post("/repos/acme/app/issues/1/comments", json={"body": "x"})  # noqa: E731
+    assert {comment().status_code for _ in range(80)} == {201}
+    refused = comment()  # the 81st in a frozen minute
+    assert refused.status_code == 403 and "secondary rate limit" in refused.json()["message"]
+    assert refused.headers["retry-after"] == "60"
+    state.clock.advance(61)  # the block and the minute are over: the next minute has room again
+    assert comment().status_code == 201
+
+
 def test_content_creation_past_the_hourly_limit_is_refused_though_the_minute_has_room(state, client):
     authed(client)
     seed(state, 1)

@@ -76,7 +76,7 @@ class Gap:
 class SweepReport:
     registration_id: str
     revision_id: str
-    outcome: str = "complete"  # complete | partial | failed | lease_busy
+    outcome: str = "complete"  # complete | partial | failed | lease_busy | inactive (not swept: not polled)
     listed: int = 0
     recent: int = 0  # listed, but changed too recently to judge (see SweepBounds.settle_s)
     excluded: int = 0
@@ -112,7 +112,7 @@ def sweep(conn: Connection, registry: ConnectorRegistry, registration: Registrat
                            WHERE tenant = %s AND registration_key = %s AND status = 'active')""",
         (registration.tenant, registration.key)).fetchone()
     if active != registration.revision_id:
-        report.outcome = "failed"
+        report.outcome = "inactive"
         report.detail = (f"revision {registration.revision_id} is not the active one ({active or 'none is active'}); "
                          "run `nexus-pipelines connectors activate` first")
         return report  # nothing was swept, so nothing is recorded

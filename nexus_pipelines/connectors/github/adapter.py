@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SecretStr, TypeAdapter, ValidationError
@@ -243,8 +244,10 @@ class GitHubConnector:
         if response.status_code == 304 and cursor.at_scan_start:
             return ExternalIssuePage(issues=(), next_cursor=cursor.unchanged().encode(), exhausted=True)
         if response.status_code == 422 and not cursor.at_scan_start:
-            # GitHub refused the link it gave (an expired or invalid `after=`): restart, missing nothing
-            return ExternalIssuePage(issues=(), next_cursor=cursor.restarted().encode(), exhausted=False)
+            # GitHub refused the link it gave (a page number too deep, an expired or invalid `after=`):
+            # go on in the cursor form, or restart, missing nothing (`GitHubCursor.refused`)
+            in_cursor_form = self._first_page_path(urlsplit(cursor.next).path, request.page_size, after="")
+            return ExternalIssuePage(issues=(), next_cursor=cursor.refused(in_cursor_form).encode(), exhausted=False)
         if response.status_code != 200:
             return fetch_failure(status_problem(response, "listing issues", self._clock))
         return self._page(response, cursor, request.page_size)
@@ -255,13 +258,14 @@ class GitHubConnector:
         headers = {"If-None-Match": cursor.etag} if cursor.etag else {}
         return f"{self._repo_path()}/issues", _first_page_params(cursor.since, page_size), headers
 
-    def _first_page_path(self, link_path: str, page_size: int) -> Callable[[datetime], str]:
+    def _first_page_path(self, link_path: str, page_size: int, **extra: str) -> Callable[[datetime | None], str]:
         """The path of the listing's first page from a `since`, for a scan that re-anchors on
-        page-number pages: the path GitHub's own next link names (under the immutable
-        repository id on GitHub, so a rename mid-scan changes nothing), with a scan start's
-        parameters."""
+        page-number pages (or, with `after=""`, goes on in the cursor form): the path GitHub's
+        own next link names (under the immutable repository id on GitHub, so a rename mid-scan
+        changes nothing), with a scan start's parameters."""
         base = httpx.URL(f"{self._origin}{link_path}")
-        return lambda since: base.copy_with(params=_first_page_params(since, page_size)).raw_path.decode("ascii")
+        return lambda since: base.copy_with(params={**_first_page_params(since, page_size), **extra}).raw_path.decode(
+            "ascii")
 
     def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
         try:

@@ -35,10 +35,12 @@ GitHub pages this listing in one of two ways, told apart by the next link:
   the page already read is skipped by this scan, so the next scan starts no later than
   the run and reads it once more; a page that brings back the last issue of the page
   before (one appeared behind the position) or is short though more follow repeats the
-  scan from `since` (`scan_cursor.page_step`). A tie run of 1,000 or more cannot be
-  walked by page number at all (GitHub refuses pages that deep with 422; the scan
-  restarts at the run and never gets past it): only `after=` links get through such a
-  run.
+  scan from `since` (`scan_cursor.page_step`). GitHub refuses page numbers 1,000 rows
+  deep with 422 ("use cursor based pagination (after/before)"), so a tie run that long
+  cannot be walked by page number: a refused page link goes on at a first page from
+  `since` (everything before it was read) in the cursor form, with an empty `after=`
+  (GitHub's way to ask for an initial cursor), whose `after=` links are keyset links
+  and followed as given (`refused`). The run's first rows are read again once.
 
 GitHub times are whole seconds and `since` is second-granular, so the next scan starts
 a whole second before min(hwm, from), never before `since`: never later than the
@@ -68,6 +70,7 @@ from nexus_pipelines.connectors.scan_cursor import (
     Item,
     Watch,
     earliest,
+    is_keyset_link,
     next_scan_since,
     page_step,
     parse_time,
@@ -166,7 +169,13 @@ class GitHubCursor:
         """After a 304 to the scan's first page: nothing changed, the same question next time."""
         return GitHubCursor(seq=self.seq + 1, since=self.since, etag=self.etag, watch=self.watch)
 
-    def restarted(self) -> GitHubCursor:
-        """GitHub refused the stored next link (an expired or invalid `after=`): end this scan
-        early; the next one starts no later than this one's start and high-water mark."""
+    def refused(self, cursor_first_page: Callable[[datetime | None], str]) -> GitHubCursor:
+        """GitHub refused the stored next link. A page-number link (too deep) goes on at
+        `cursor_first_page(since)`, the listing's first page from `since` asking for cursor
+        links; a refused `after=` link (expired or invalid, or a GitHub that gives no cursor
+        form) ends this scan early: the next one starts no later than this one's start, its
+        high-water mark and its walked tie run."""
+        if self.next is not None and not is_keyset_link(self.next, KEYSET_PARAM):
+            return replace(self, seq=self.seq + 1, etag=None, next=cursor_first_page(self.since),
+                           watch=self.watch.left())
         return self._next_scan(self.scan_from, self.hwm, None, *self.watch.next_scan(_whole_second(self.hwm)))

@@ -2,8 +2,9 @@
 
 Listing: `GET /rest/api/3/search/jql` (the enhanced search) with
 `jql=project = <id> [AND updated >= "<minute>"] ORDER BY updated ASC, id ASC`,
-`maxResults` = the core's page bound and only the mapped `fields`; the next page is the
-same query with Jira's `nextPageToken`. One request per invocation. Identity:
+`maxResults` = the core's page bound and only the mapped `fields`; the next page is a fresh
+query from the page's last update minute, or, inside one minute's tie run, the same query
+with Jira's `nextPageToken` (`cursor.py`). One request per invocation. Identity:
 `jira:<cloud id>:<issue id>`; the issue key is presentation only (it changes when an
 issue moves). Sub-tasks (the issue's own `issuetype.subtask` or `hierarchyLevel` -1: a site
 has several sub-task types, a team-managed project its own) are skipped and counted.
@@ -88,7 +89,7 @@ class JiraConnector:
             cursor = JiraCursor.decode(request.cursor)
         except CursorError as exc:
             return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
-        params = {"jql": scan_jql(self._config.project_id, cursor.since, self._zone),
+        params = {"jql": scan_jql(self._config.project_id, cursor.bound, self._zone),
                   "maxResults": request.page_size, "fields": FIELDS}
         if cursor.next is not None:
             params["nextPageToken"] = cursor.next
@@ -116,7 +117,7 @@ class JiraConnector:
             return _invalid("searching issues: isLast contradicts nextPageToken")
         if token is not None and not _TOKEN.match(token):
             return _invalid("searching issues: nextPageToken is not printable ASCII without spaces")
-        floor = earliest_meaning(cursor.since, self._zone)
+        floor = earliest_meaning(cursor.bound, self._zone)
         issues, excluded = [], 0
         for item in raw.issues:
             if item.fields.project.id != str(self._config.project_id):
@@ -134,7 +135,7 @@ class JiraConnector:
                 why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
                 return _invalid(f"issue {item.id}: {why}")
         after = cursor.after_page(items=[(item.id, item.fields.updated) for item in raw.issues],
-                                  served_at=served_at(response), next_token=token)
+                                  served_at=served_at(response), next_token=token, zone=self._zone)
         encoded = after.encode()
         if len(encoded) > CURSOR_MAX_CHARS:
             return _invalid("searching issues: nextPageToken is too long for a cursor token")

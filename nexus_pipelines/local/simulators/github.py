@@ -21,7 +21,9 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
   `"first"`, `"prev"`, the form GitHub's pagination guide shows for this listing), so
   an update or deletion between two requests shifts later rows back one position. A
   page number deep in a listing (`page` without `after`, 1,000 rows or more in) is
-  refused with 422 as GitHub does; every listing has an ETag and `If-None-Match` gets
+  refused with 422 as GitHub does, and an empty `after=` asks for the first page in the
+  cursor form (its links carry `after=` even in page mode, as GitHub gives an initial
+  cursor to a request with an empty `after`); every listing has an ETag and `If-None-Match` gets
   a 304 that costs no rate limit (`charged_calls` counts the answers that did cost it).
   Timestamps are whole seconds.
 * Comments (ascending id, page-numbered `Link` pages) and their creation (a comment
@@ -31,7 +33,9 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
 * Rate limits with GitHub's headers: a primary budget per installation (403 with
   `x-ratelimit-remaining: 0` until `x-ratelimit-reset`; `x-ratelimit-*` on every
   answer), a secondary limit on content creation (GitHub's 80 content-creating requests
-  a minute and 500 an hour; of the routes here only a comment creates content): the
+  a minute and 500 an hour, on by default on the simulator's own clock, so a world on a
+  frozen clock that creates more than 80 comments must move its clock; `secondary = None`
+  turns it off; of the routes here only a comment creates content): the
   creation past `creations` in any 60 s or past `hourly_creations` in any hour (per
   installation, whichever client or process sends it) blocks the installation's content
   creation for `retry_after` seconds (a minute when GitHub sends only the message), and
@@ -191,7 +195,7 @@ class GitHubState:
         self.faults = FaultQueue()
         self.issue_paging = "after"  # "after": keyset links; "page": page-number links only
         self.primary: PrimaryLimit | None = None
-        self.secondary: SecondaryLimit | None = None
+        self.secondary: SecondaryLimit | None = SecondaryLimit()  # GitHub documents it: always on (None: off)
         self.calls: Counter[str] = Counter()
         self.limited_calls = 0
         self.charged_calls = 0  # answers that counted against the primary limit (a 304 does not)
@@ -662,13 +666,15 @@ class Endpoints:
         rows = [i for i in self.repo.issues.values() if (state == "all" or i.state == state)
                 and (since is None or i.updated_at > since)]
         rows.sort(key=lambda i: _position(i, sort), reverse=direction == "desc")
-        after = param("after")
+        after = param("after")  # present, even empty (the first cursor page): cursor pagination
         if after:
             position = _decode_position(after)
             if position is None:
                 return invalid("after")
             ascending = direction == "asc"
             rows = [i for i in rows if (_position(i, sort) > position if ascending else _position(i, sort) < position)]
+        elif after is not None:
+            pass  # the first page in the cursor form: its links carry `after=`
         elif (page - 1) * per_page >= DEEP_PAGE_ROWS:
             return error(422, DEEP_PAGE_MESSAGE)
         else:
@@ -677,7 +683,7 @@ class Endpoints:
         kept = {k: v[-1] for k, v in self.request.query.items() if k not in ("after", "before", "page")}
         base = f"{self.api}/repositories/{self.repo.id}/issues"
         headers = {}
-        if self.state.issue_paging == "page" and not after:
+        if self.state.issue_paging == "page" and after is None:
             total_pages = max((page - 1) + (len(rows) + per_page - 1) // per_page, 1)
             headers = _page_links(base, {**kept, "per_page": per_page}, page, total_pages)
         elif len(rows) > per_page:

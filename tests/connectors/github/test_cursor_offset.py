@@ -65,3 +65,20 @@ def test_a_reanchored_first_page_is_asked_on_the_path_the_providers_own_links_na
     adapter.fetch_page(FetchIssuePage(cursor=first.next_cursor, page_size=10), _attempt())
     (request,) = [r for r in world.transport.requests if r.url.path.endswith("/issues")]
     assert request.url.path == f"/repos/{full_name}/issues" and "page" not in query_of(request)
+
+
+def test_a_tie_run_of_more_than_a_thousand_on_page_links_is_walked_on_in_the_cursor_form(world):
+    run = world.add_issues(1050, same_updated_at=True)  # GitHub refuses page numbers 1,000 rows deep
+    tail = spaced(world, 3)
+    adapter = world.adapter()
+    world.clear_requests()
+    issues, tokens = scan(world, adapter, page_size=100)
+    assert {i.external_ref for i in issues} == set(run + tail)  # in this very scan: no stall at the run
+    queries = list_queries(world)
+    refused = [n for n, q in enumerate(queries) if q.get("page") == "11" and "after" not in q]
+    assert len(refused) == 1 and queries[refused[0] + 1].get("after") == ""  # then a first page asking for a cursor
+    assert all(q.get("after") for q in queries[refused[0] + 2:])  # and GitHub's cursor links after it
+    for _ in range(2):  # the walked run is read once more (a page link may have skipped), then the scans end
+        world.advance(120)
+        again, tokens = scan(world, adapter, page_size=100, cursor=tokens[-1])
+    assert not {i.external_ref for i in again} & set(run)
