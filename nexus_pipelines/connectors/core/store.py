@@ -21,7 +21,7 @@ from psycopg.types.json import Jsonb
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.redaction import one_line
-from nexus_pipelines.workqueue.receipts import ReceiptIn, admit_receipts
+from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, admit_page
 
 POLL_NAMESPACE = "issue-poll"
 OBSERVE_ROUTE_KEY = "ticket.observe"
@@ -238,12 +238,14 @@ def _hold(conn: Connection, claim: PollClaim) -> None:
 
 @dataclass(frozen=True)
 class IssueVersion:
-    """One delivered issue version, as core admits it: the normalized issue and its digest."""
+    """One delivered issue version, as core admits it: the normalized issue and its digest, in
+    the receipt body (`body`) and that body's `canonical_json` (`canonical_body`)."""
 
     external_ref: str
     updated_at: datetime
     digest: str
     body: dict
+    canonical_body: str
 
 
 @dataclass(frozen=True)
@@ -279,7 +281,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
-    receipts = [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()]
+    deliveries = [_delivery(claim, v, d) for d, v in by_delivery.items()]
     # pipelined: the statements go out in one flight, and the fence is checked before the commit is sent
     with conn.pipeline(), conn.transaction():
         # the fenced cursor update first: it locks the progress row, so it is also the hold
@@ -287,7 +289,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
             "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
             "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token})
         next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
-        admitted = admit_receipts(conn, receipts)
+        admitted = admit_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
         if advanced.fetchone() is None:  # a row, not a rowcount: a pipelined result is read when fetched
             raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
         next_row = next_claim.fetchone() if next_claim is not None else None
@@ -298,13 +300,14 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         return PageCommit(refs, unreadable)
 
 
-def _receipt(claim: PollClaim, version: IssueVersion, namespace: str, delivery_id: str) -> ReceiptIn:
-    r = claim.registration
-    return ReceiptIn(
-        registration_id=r.registration_id, revision=claim.revision_no, namespace=namespace, delivery_id=delivery_id,
-        route_key=OBSERVE_ROUTE_KEY, received_at=version.updated_at, event_kind="issue_version",
-        correlation={"external_ref": version.external_ref, "revision_id": r.revision_id}, body=version.body,
-    )
+def _source(claim: PollClaim, namespace: str) -> ReceiptSource:
+    return ReceiptSource(registration_id=claim.registration.registration_id, revision=claim.revision_no,
+                         namespace=namespace, route_key=OBSERVE_ROUTE_KEY, event_kind="issue_version")
+
+
+def _delivery(claim: PollClaim, version: IssueVersion, delivery_id: str) -> Delivery:
+    correlation = {"external_ref": version.external_ref, "revision_id": claim.registration.revision_id}
+    return Delivery(delivery_id, version.updated_at, correlation, version.canonical_body)
 
 
 def _delivery_id(version: IssueVersion) -> str:
@@ -480,6 +483,6 @@ def admit_versions(conn: Connection, claim: PollClaim, versions: Sequence[IssueV
     _hold(conn, claim)
     # its own delivery ids: a version whose poll receipt exists but whose observation was lost is admitted again
     pairs = [(f"{namespace}:{_delivery_id(v)}", v) for v in versions]
-    admitted = admit_receipts(conn, [_receipt(claim, v, namespace, d) for d, v in pairs])
+    admitted = admit_page(conn, _source(claim, namespace), [_delivery(claim, v, d) for d, v in pairs])
     by_delivery = {d: v.external_ref for d, v in pairs}
     return [by_delivery[d] for d in admitted]

@@ -105,3 +105,28 @@ def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
         progress = conn.execute("SELECT lease_token, cursor_token FROM connector_progress WHERE registration_key = %s",
                                 (registration.key,)).fetchone()
     assert receipts == 0 and progress == (stale.token, None)
+
+
+@pytest.mark.parametrize("title", ["plain ascii", "Ünïcode ✓ 問題"])
+def test_a_page_receipt_stores_the_issue_version_body_its_hash_and_its_unchanged_digest(pool, title):
+    from nexus_pipelines.connectors.core.values import source_version_digest
+    from nexus_pipelines.workqueue.receipts import canonical_json, payload_hash
+
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key=f"body-{len(title)}")
+    plant.activate(registration)
+    issue = ExternalIssue(connector_kind="gitlab", external_ref="gitlab:1:7", title=title, description="é\n",
+                          source_labels=("bug",), reporter_ref="gitlab-user:1", reporter_display_name="r",
+                          external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/7")
+    version = issue_version(issue, registration)
+    assert version.canonical_body == canonical_json(version.body)  # the spliced form is the canonical one
+    assert version.digest == source_version_digest(issue) == version.body["digest"]
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        commit = store.commit_page(conn, claim, [version], next_cursor="next", exhausted=True)
+        (body, stored_hash) = conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s",
+                                           (registration.registration_id,)).fetchone()
+    assert commit.admitted_refs == ["gitlab:1:7"]
+    assert body == version.body and stored_hash == payload_hash(version.body)
