@@ -54,8 +54,12 @@ class UnknownRoute(Exception):
     """No route for the receipt's route key (retried: the route may not be deployed yet)."""
 
 
+# one encoder for every call: json.dumps builds a new one per call when given options
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def canonical_json(body: Any) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(body)
 
 
 def canonical_json_with(body: Mapping[str, Any], **canonical: str) -> str:

@@ -107,9 +107,12 @@ def source_version_digest(issue: ExternalIssue, dumped: dict | None = None) -> s
     return digest_of(digest_form(issue.model_dump(mode="json") if dumped is None else dumped))
 
 
+_DIGEST_FORM = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # built once
+
+
 def digest_form(dumped: dict) -> str:
     """The canonical JSON the observation digest is taken over (non-ASCII characters kept as they are)."""
-    return json.dumps(dumped, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _DIGEST_FORM.encode(dumped)
 
 
 def digest_of(form: str) -> str:
