@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -183,8 +183,8 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
-    return _admit_rows(conn, [_row(_shared(r), r.delivery_id, r.received_at, r.correlation, r.canonical_body)
-                              for r in receipts])
+    return [row[0] for row in _send_rows(conn, [_row(_shared(r), r.delivery_id, r.received_at, r.correlation,
+                                                      r.canonical_body) for r in receipts])]
 
 
 class ReceiptSource(BaseModel):
@@ -214,13 +214,22 @@ class Delivery:
 def admit_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> list[str]:
     """`admit_receipts` for deliveries of one source: their shared fields are validated and
     serialized once, and each body arrives serialized (a page builds no model per delivery)."""
+    sent = send_page(conn, source, deliveries)
+    return [row[0] for row in sent] if sent is not None else []
+
+
+def send_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> Cursor | None:
+    """`admit_page`'s statement, sent: the new delivery ids are read from the cursor it returns
+    (None for no deliveries), in a pipeline once its flight is answered."""
     for d in deliveries:
         if not d.delivery_id:
             raise ValueError("a delivery needs a delivery id")
         check_snapshot(d.canonical_body)
+    if not deliveries:
+        return None
     shared = _shared(source)
-    return _admit_rows(conn, [_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body)
-                              for d in deliveries]) if deliveries else []
+    return _send_rows(conn, [_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body)
+                             for d in deliveries])
 
 
 def _shared(r: ReceiptIn | ReceiptSource) -> str:
@@ -236,8 +245,8 @@ def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapp
             f'"correlation":{json.dumps(correlation)},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
 
 
-def _admit_rows(conn: Connection, rows: list[str]) -> list[str]:
-    return [row[0] for row in conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})]
+def _send_rows(conn: Connection, rows: list[str]) -> Cursor:
+    return conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})
 
 
 # --- materialization specs -------------------------------------------------------------
