@@ -285,12 +285,15 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
     none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
     taken in the same transaction, so a walk of many pages costs one commit per page, not two.
-    Raises PollLeaseLost, writing nothing, when the claim is no longer current.
+    Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
+    autocommit connection outside a transaction: the commit is its own.
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
     deliveries = [_delivery(claim, v, d) for d, v in by_delivery.items()]
     lost = f"poll lease of {r.revision_id} is no longer held with token {claim.token}"
+    if conn.info.transaction_status != TransactionStatus.IDLE:  # its COMMIT would end the caller's transaction
+        raise RuntimeError("commit_page runs its own transaction: call it outside one")
     try:
         # one flight and one Sync, BEGIN to COMMIT (`conn.transaction()` would sync at BEGIN and at
         # COMMIT); the results are read once the flight is answered

@@ -184,3 +184,15 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
         progress = conn.execute("SELECT lease_token, cursor_token, pages FROM connector_progress "
                                 "WHERE registration_key = %s", (registration.key,)).fetchone()
     assert receipts == 0 and progress == (claim.token, None, 0)
+
+
+def test_a_page_commit_refuses_to_run_inside_a_callers_transaction(pool):
+    plant, registration = _due(pool, "nested", issues=0)
+    with pool.connection() as conn:
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        with pytest.raises(RuntimeError, match="outside"), conn.transaction():
+            store.commit_page(conn, claim, [], next_cursor="next", exhausted=True)
+        (cursor,) = conn.execute("SELECT cursor_token FROM connector_progress WHERE registration_key = %s",
+                                 (registration.key,)).fetchone()
+    assert cursor is None
