@@ -61,6 +61,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -597,6 +598,7 @@ def main() -> int:
     finally:
         if server is not None:
             server.stop()
+        shutil.rmtree(folder, ignore_errors=True)  # the database and the Dagster homes: ~800 MB a full run
     if len(results) > 1:
         print(json.dumps(results))
     return 0

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from psycopg import Connection
+from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
@@ -54,8 +54,25 @@ class UnknownRoute(Exception):
     """No route for the receipt's route key (retried: the route may not be deployed yet)."""
 
 
+# one encoder for every call: json.dumps builds a new one per call when given options
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
+
+
 def canonical_json(body: Any) -> str:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), default=str)
+    return _CANONICAL.encode(body)
+
+
+def canonical_json_with(body: Mapping[str, Any], **canonical: str) -> str:
+    """`canonical_json` of `body` plus the entries of `canonical`, each already its value's
+    `canonical_json`: spliced in as it is instead of serialized again."""
+    parts = {key: canonical_json(value) for key, value in body.items()} | canonical
+    return "{" + ",".join(f"{json.dumps(key)}:{parts[key]}" for key in sorted(parts)) + "}"
+
+
+def check_snapshot(canonical: str) -> None:
+    """A body snapshot is bounded: a larger body is stored elsewhere and passed by reference."""
+    if len(canonical) > BODY_SNAPSHOT_LIMIT:
+        raise ValueError(f"body snapshot exceeds {BODY_SNAPSHOT_LIMIT} bytes; store it and pass body_ref")
 
 
 def payload_hash(body: Any, canonical: str | None = None) -> str:
@@ -89,8 +106,8 @@ class ReceiptIn(BaseModel):
     def _body_present(self) -> ReceiptIn:
         if self.body is None and self.body_ref is None:
             raise ValueError("a receipt needs a body snapshot or a body reference")
-        if self.body is not None and len(self.canonical_body) > BODY_SNAPSHOT_LIMIT:
-            raise ValueError(f"body snapshot exceeds {BODY_SNAPSHOT_LIMIT} bytes; store it and pass body_ref")
+        if self.body is not None:
+            check_snapshot(self.canonical_body)
         return self
 
     @property
@@ -166,16 +183,70 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
-    rows = []
-    for r in receipts:
-        body = r.canonical_body
-        fields = json.dumps({
-            "registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
-            "delivery_id": r.delivery_id, "route_key": r.route_key, "event_kind": r.event_kind,
-            "received_at": r.received_at.isoformat(), "correlation": r.correlation,
-            "payload_hash": payload_hash(r.body, body), "max_attempts": r.max_routing_attempts})
-        rows.append(f'{fields[:-1]},"body":{body}}}')
-    return [row[0] for row in conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})]
+    return [row[0] for row in _send_rows(conn, [_row(_shared(r), r.delivery_id, r.received_at, r.correlation,
+                                                      r.canonical_body) for r in receipts])]
+
+
+class ReceiptSource(BaseModel):
+    """What the receipts of one page of deliveries share (one source, revision, namespace and
+    route), validated once for the page."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    registration_id: str = Field(min_length=1)
+    revision: int = Field(ge=0)
+    namespace: str = Field(min_length=1)
+    route_key: str = Field(min_length=1)
+    event_kind: str | None = None
+    max_routing_attempts: int = Field(default=5, ge=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One delivery of a page: its id, time, correlation and its body snapshot's `canonical_json`."""
+
+    delivery_id: str
+    received_at: datetime
+    correlation: Mapping[str, str]
+    canonical_body: str
+
+
+def admit_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> list[str]:
+    """`admit_receipts` for deliveries of one source: their shared fields are validated and
+    serialized once, and each body arrives serialized (a page builds no model per delivery)."""
+    sent = send_page(conn, source, deliveries)
+    return [row[0] for row in sent] if sent is not None else []
+
+
+def send_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> Cursor | None:
+    """`admit_page`'s statement, sent: the new delivery ids are read from the cursor it returns
+    (None for no deliveries), in a pipeline once its flight is answered."""
+    for d in deliveries:
+        if not d.delivery_id:
+            raise ValueError("a delivery needs a delivery id")
+        check_snapshot(d.canonical_body)
+    if not deliveries:
+        return None
+    shared = _shared(source)
+    return _send_rows(conn, [_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body)
+                             for d in deliveries])
+
+
+def _shared(r: ReceiptIn | ReceiptSource) -> str:
+    """The opening of a row's JSON object: the fields a source's receipts share."""
+    return json.dumps({"registration_id": r.registration_id, "revision": r.revision, "namespace": r.namespace,
+                       "route_key": r.route_key, "event_kind": r.event_kind,
+                       "max_attempts": r.max_routing_attempts})[:-1]
+
+
+def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str) -> str:
+    """One row of the admit document; the body's canonical form is spliced in as it is (and hashed)."""
+    return (f'{shared},"delivery_id":{json.dumps(delivery_id)},"received_at":"{received_at.isoformat()}",'
+            f'"correlation":{json.dumps(correlation)},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
+
+
+def _send_rows(conn: Connection, rows: list[str]) -> Cursor:
+    return conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})
 
 
 # --- materialization specs -------------------------------------------------------------

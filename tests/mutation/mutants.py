@@ -50,7 +50,7 @@ MUTANTS = (
     Mutant("marker reconciliation before a repeated dispatch", "nexus_pipelines/connectors/gitlab/adapter.py",
            "        if command.reconcile_first:", "        if False:"),
     Mutant("poll fencing", "nexus_pipelines/connectors/core/store.py",
-           "        if advanced.fetchone() is None:", "        if False:"),
+           "SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s))", "SELECT true"),
     Mutant("work item fencing", "nexus_pipelines/tickets/handlers.py",
            "for n, item, observation in valid if item.fence in held]", "for n, item, observation in valid]"),
 )

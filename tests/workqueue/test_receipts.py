@@ -235,3 +235,48 @@ def test_bulk_admission_stores_the_body_of_a_copy_given_another_body(control_con
     rows = control_conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s"
                                 " ORDER BY receipt_id", (reg,)).fetchall()
     assert rows == [({"n": 0}, payload_hash({"n": 0})), ({"n": 1}, payload_hash({"n": 1}))]
+
+
+def test_a_page_of_deliveries_is_stored_like_receipts_admitted_one_by_one(control_conn, reg):
+    from nexus_pipelines.workqueue.receipts import (
+        Delivery, ReceiptSource, admit_page, admit_receipts, canonical_json, payload_hash,
+    )
+
+    source = ReceiptSource(registration_id=reg, revision=1, namespace="poll", route_key="k", event_kind="v")
+    bodies = [{"n": i, "title": "Ünïcode ✓"} for i in range(3)]
+    page = [Delivery(f"d{i}", NOW, {"ref": f"r{i}"}, canonical_json(b)) for i, b in enumerate(bodies)]
+    assert admit_page(control_conn, source, page) == ["d0", "d1", "d2"]
+    assert admit_page(control_conn, source, page) == []  # a redelivered page writes nothing
+    single = ReceiptIn(registration_id=reg, revision=1, namespace="single", delivery_id="d0", route_key="k",
+                       event_kind="v", received_at=NOW, correlation={"ref": "r0"}, body=bodies[0])
+    assert admit_receipts(control_conn, [single]) == ["d0"]
+    rows = control_conn.execute(
+        """SELECT namespace, delivery_id, route_key, event_kind, received_at, correlation, body, payload_hash,
+                  max_routing_attempts FROM ingress_receipts WHERE registration_id = %s ORDER BY receipt_id""",
+        (reg,)).fetchall()
+    assert [r[1] for r in rows] == ["d0", "d1", "d2", "d0"]
+    assert rows[0][1:] == rows[3][1:]  # the same row but for its namespace
+    assert [r[6] for r in rows[:3]] == bodies and [r[7] for r in rows[:3]] == [payload_hash(b) for b in bodies]
+
+
+def test_a_page_delivery_is_held_to_the_snapshot_limit_and_needs_an_id(control_conn, reg):
+    from nexus_pipelines.workqueue.receipts import BODY_SNAPSHOT_LIMIT, Delivery, ReceiptSource, admit_page
+
+    source = ReceiptSource(registration_id=reg, revision=1, namespace="poll", route_key="k")
+    too_big = '{"t":"' + "x" * BODY_SNAPSHOT_LIMIT + '"}'
+    with pytest.raises(ValueError, match="exceeds"):
+        admit_page(control_conn, source, [Delivery("d", NOW, {}, too_big)])
+    with pytest.raises(ValueError, match="delivery id"):
+        admit_page(control_conn, source, [Delivery("", NOW, {}, "{}")])
+    with pytest.raises(ValueError):
+        ReceiptSource(registration_id="", revision=1, namespace="poll", route_key="k")
+    assert control_conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
+                                (reg,)).fetchone() == (0,)
+
+
+def test_splicing_a_canonical_value_in_gives_the_canonical_json_of_the_whole():
+    from nexus_pipelines.workqueue.receipts import canonical_json, canonical_json_with
+
+    inner = {"b": [1, "é"], "a": {"z": None, "y": 1.5}}
+    body = {"zeta": "ü", "alpha": [3, 2], "mid": True}
+    assert canonical_json_with(body, inner=canonical_json(inner)) == canonical_json({**body, "inner": inner})

@@ -15,13 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 from psycopg import Connection, Cursor
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
 from nexus_pipelines.redaction import one_line
-from nexus_pipelines.workqueue.receipts import ReceiptIn, admit_receipts
+from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, admit_page, send_page
 
 POLL_NAMESPACE = "issue-poll"
 OBSERVE_ROUTE_KEY = "ticket.observe"
@@ -238,12 +240,14 @@ def _hold(conn: Connection, claim: PollClaim) -> None:
 
 @dataclass(frozen=True)
 class IssueVersion:
-    """One delivered issue version, as core admits it: the normalized issue and its digest."""
+    """One delivered issue version, as core admits it: the normalized issue and its digest, in
+    the receipt body (`body`) and that body's `canonical_json` (`canonical_body`)."""
 
     external_ref: str
     updated_at: datetime
     digest: str
     body: dict
+    canonical_body: str
 
 
 @dataclass(frozen=True)
@@ -256,16 +260,22 @@ class PageCommit:
     next_claim: PollClaim | UnreadableRevision | None = None
 
 
+# the fence stops the transaction on the server (migration 0036), so the statements after it
+# and the COMMIT go out in the same flight: a stale poller's receipts and next claim abort with it
 _ADVANCE = """
-UPDATE connector_progress
-   SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
-       next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
-       lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(), throttled_until = NULL,
-       pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
- WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
-   AND lease_token = %(token)s AND lease_until > now()
-RETURNING true
+WITH advanced AS (
+    UPDATE connector_progress
+       SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
+           next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
+           lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
+           throttled_until = NULL, pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+     WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
+       AND lease_token = %(token)s AND lease_until > now()
+ RETURNING true
+)
+SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s))
 """
+LEASE_LOST_SQLSTATE = "NXL01"
 
 
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
@@ -275,36 +285,49 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
     none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
     taken in the same transaction, so a walk of many pages costs one commit per page, not two.
-    Raises PollLeaseLost, writing nothing, when the claim is no longer current.
+    Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
+    autocommit connection outside a transaction: the commit is its own.
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
-    receipts = [_receipt(claim, v, POLL_NAMESPACE, d) for d, v in by_delivery.items()]
-    # pipelined: the statements go out in one flight, and the fence is checked before the commit is sent
-    with conn.pipeline(), conn.transaction():
-        # the fenced cursor update first: it locks the progress row, so it is also the hold
-        advanced = conn.execute(_ADVANCE, {
-            "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds, "n": len(versions),
-            "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token})
-        next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
-        admitted = admit_receipts(conn, receipts)
-        if advanced.fetchone() is None:  # a row, not a rowcount: a pipelined result is read when fetched
-            raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
-        next_row = next_claim.fetchone() if next_claim is not None else None
-    refs = [by_delivery[d].external_ref for d in admitted]
+    deliveries = [_delivery(claim, v, d) for d, v in by_delivery.items()]
+    lost = f"poll lease of {r.revision_id} is no longer held with token {claim.token}"
+    if conn.info.transaction_status != TransactionStatus.IDLE:  # its COMMIT would end the caller's transaction
+        raise RuntimeError("commit_page runs its own transaction: call it outside one")
     try:
-        return PageCommit(refs, _claimed(next_row, then_claim))
+        # one flight and one Sync, BEGIN to COMMIT (`conn.transaction()` would sync at BEGIN and at
+        # COMMIT); the results are read once the flight is answered
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            # the fenced cursor update first: it locks the progress row, so it is also the hold
+            conn.execute(_ADVANCE, {
+                "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds,
+                "n": len(versions), "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token,
+                "lost": lost})
+            next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
+            admitted = send_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
+            conn.execute("COMMIT")
+    except BaseException as exc:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()  # the flight's transaction did not commit: none of it is written
+        if isinstance(exc, psycopg.Error) and exc.sqlstate == LEASE_LOST_SQLSTATE:
+            raise PollLeaseLost(lost) from None
+        raise
+    refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
+    try:
+        return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written
         return PageCommit(refs, unreadable)
 
 
-def _receipt(claim: PollClaim, version: IssueVersion, namespace: str, delivery_id: str) -> ReceiptIn:
-    r = claim.registration
-    return ReceiptIn(
-        registration_id=r.registration_id, revision=claim.revision_no, namespace=namespace, delivery_id=delivery_id,
-        route_key=OBSERVE_ROUTE_KEY, received_at=version.updated_at, event_kind="issue_version",
-        correlation={"external_ref": version.external_ref, "revision_id": r.revision_id}, body=version.body,
-    )
+def _source(claim: PollClaim, namespace: str) -> ReceiptSource:
+    return ReceiptSource(registration_id=claim.registration.registration_id, revision=claim.revision_no,
+                         namespace=namespace, route_key=OBSERVE_ROUTE_KEY, event_kind="issue_version")
+
+
+def _delivery(claim: PollClaim, version: IssueVersion, delivery_id: str) -> Delivery:
+    correlation = {"external_ref": version.external_ref, "revision_id": claim.registration.revision_id}
+    return Delivery(delivery_id, version.updated_at, correlation, version.canonical_body)
 
 
 def _delivery_id(version: IssueVersion) -> str:
@@ -480,6 +503,6 @@ def admit_versions(conn: Connection, claim: PollClaim, versions: Sequence[IssueV
     _hold(conn, claim)
     # its own delivery ids: a version whose poll receipt exists but whose observation was lost is admitted again
     pairs = [(f"{namespace}:{_delivery_id(v)}", v) for v in versions]
-    admitted = admit_receipts(conn, [_receipt(claim, v, namespace, d) for d, v in pairs])
+    admitted = admit_page(conn, _source(claim, namespace), [_delivery(claim, v, d) for d, v in pairs])
     by_delivery = {d: v.external_ref for d, v in pairs}
     return [by_delivery[d] for d in admitted]

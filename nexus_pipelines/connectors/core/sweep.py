@@ -40,6 +40,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
 from nexus_pipelines.connectors.core.tick import issue_version
 from nexus_pipelines.connectors.core.values import FetchFailure
 from nexus_pipelines.redaction import one_line
+from nexus_pipelines.workqueue.receipts import canonical_json
 from nexus_pipelines.workqueue.states import UNFINISHED, sql_in
 
 # Each sweep admits under a namespace of its own: a version lost again after one sweep restored
@@ -271,8 +272,8 @@ def _reobserve(conn: Connection, registration: Registration, source: SweepSource
 
 def _swept(version: store.IssueVersion) -> store.IssueVersion:
     """The same receipt body a poll writes, marked so the observation opens a sweep-gap finding."""
-    return store.IssueVersion(version.external_ref, version.updated_at, version.digest,
-                              {**version.body, SWEPT_MARK: True})
+    body = {**version.body, SWEPT_MARK: True}
+    return store.IssueVersion(version.external_ref, version.updated_at, version.digest, body, canonical_json(body))
 
 
 def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registration, owner: str, wait_s: float,

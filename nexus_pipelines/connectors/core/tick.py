@@ -30,9 +30,11 @@ from nexus_pipelines.connectors.core.values import (
     ExternalIssuePage,
     FetchFailure,
     FetchIssuePage,
-    source_version_digest,
+    digest_form,
+    digest_of,
 )
 from nexus_pipelines.redaction import contains_registered_secret, describe_exception
+from nexus_pipelines.workqueue.receipts import canonical_json, canonical_json_with
 
 # Durable schedule after a failed tick (separate from the in-request retries):
 RETRYABLE_BACKOFF = (5.0, 900.0)  # base, cap seconds
@@ -154,17 +156,20 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
 
 def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
     """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
-    labels, the revision and ticket project it was polled for)."""
+    labels, the revision and ticket project it was polled for), and that body's canonical JSON."""
     dumped = issue.model_dump(mode="json")
-    digest = source_version_digest(issue, dumped)
-    body = {
-        "issue": dumped,
+    form = digest_form(dumped)
+    digest = digest_of(form)
+    facts = {
         "digest": digest,
         "labels": list(registration.map_labels(issue.source_labels)),
         "revision_id": registration.revision_id,
         "project": registration.project,
     }
-    return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, body)
+    # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
+    canonical = canonical_json_with(facts, issue=form if form.isascii() else canonical_json(dumped))
+    return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, {"issue": dumped, **facts},
+                              canonical)
 
 
 def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_class: str, reason: str, detail: str,

@@ -104,9 +104,19 @@ class ExternalIssue(BaseModel):
 def source_version_digest(issue: ExternalIssue, dumped: dict | None = None) -> str:
     """sha256 over the canonical JSON of the normalized value (the observation digest);
     `dumped` is the issue's `model_dump(mode="json")` when the caller has it already."""
-    data = issue.model_dump(mode="json") if dumped is None else dumped
-    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return digest_of(digest_form(issue.model_dump(mode="json") if dumped is None else dumped))
+
+
+_DIGEST_FORM = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # built once
+
+
+def digest_form(dumped: dict) -> str:
+    """The canonical JSON the observation digest is taken over (non-ASCII characters kept as they are)."""
+    return _DIGEST_FORM.encode(dumped)
+
+
+def digest_of(form: str) -> str:
+    return "sha256:" + hashlib.sha256(form.encode()).hexdigest()
 
 
 class ConnectorAttempt(BaseModel):

@@ -8,7 +8,7 @@ import pytest
 
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.tick import issue_version, poll
-from nexus_pipelines.connectors.core.values import ExternalIssue
+from nexus_pipelines.connectors.core.values import ExternalIssue, FetchIssuePage
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant, executor
@@ -37,7 +37,7 @@ def test_a_page_of_many_issues_commits_in_as_many_statements_as_a_page_of_one(po
     one, _ = _statements_for_one_page(pool, "page-of-one", 1)
     many, _ = _statements_for_one_page(pool, "page-of-many", 60)
     assert many == one
-    assert one <= 3, one  # the claim, the fenced cursor update, the page's receipts
+    assert one <= 5, one  # the claim; BEGIN, the fenced cursor update, the page's receipts, COMMIT
 
 
 def _due(pool, key: str, issues: int):
@@ -105,3 +105,94 @@ def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
         progress = conn.execute("SELECT lease_token, cursor_token FROM connector_progress WHERE registration_key = %s",
                                 (registration.key,)).fetchone()
     assert receipts == 0 and progress == (stale.token, None)
+
+
+@pytest.mark.parametrize("title", ["plain ascii", "Ünïcode ✓ 問題"])
+def test_a_page_receipt_stores_the_issue_version_body_its_hash_and_its_unchanged_digest(pool, title):
+    from nexus_pipelines.connectors.core.values import source_version_digest
+    from nexus_pipelines.workqueue.receipts import canonical_json, payload_hash
+
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key=f"body-{len(title)}")
+    plant.activate(registration)
+    issue = ExternalIssue(connector_kind="gitlab", external_ref="gitlab:1:7", title=title, description="é\n",
+                          source_labels=("bug",), reporter_ref="gitlab-user:1", reporter_display_name="r",
+                          external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/7")
+    version = issue_version(issue, registration)
+    assert version.canonical_body == canonical_json(version.body)  # the spliced form is the canonical one
+    assert version.digest == source_version_digest(issue) == version.body["digest"]
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        commit = store.commit_page(conn, claim, [version], next_cursor="next", exhausted=True)
+        (body, stored_hash) = conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s",
+                                           (registration.registration_id,)).fetchone()
+    assert commit.admitted_refs == ["gitlab:1:7"]
+    assert body == version.body and stored_hash == payload_hash(version.body)
+
+
+def _syncs_of_one_page_commit(pool, tmp_path, key: str) -> int:
+    """The Sync messages (each one a round trip: the server answers a flight at its Sync) that
+    one page commit, with the next tick's claim, sends, read from libpq's protocol trace."""
+    from psycopg import pq
+
+    plant, registration = _due(pool, key, issues=3)
+    adapter = plant.composer(registration)
+    trace = tmp_path / f"{key}.trace"
+    with pool.connection() as conn:
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
+        versions = [issue_version(i, registration) for i in page.issues]
+        with trace.open("w") as out:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            try:
+                commit = store.commit_page(conn, claim, versions, next_cursor=page.next_cursor, exhausted=False,
+                                           then_claim=store.ClaimRequest(REGISTRY, "poller", timedelta(seconds=60)))
+            finally:
+                conn.pgconn.untrace()
+        conn.execute("SELECT 1")  # the connection is usable after the commit
+    assert len(commit.admitted_refs) == 3 and commit.next_claim is not None
+    return sum(1 for line in trace.read_text().splitlines() if line.split()[:1] == ["F"] and "Sync" in line)
+
+
+def test_a_page_commit_with_the_next_claim_is_one_round_trip(pool, tmp_path):
+    assert _syncs_of_one_page_commit(pool, tmp_path, "one-flight") == 1
+
+
+def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_leaves_the_connection_idle(pool):
+    from psycopg.pq import TransactionStatus
+
+    from nexus_pipelines.workqueue.receipts import BODY_SNAPSHOT_LIMIT
+
+    plant, registration = _due(pool, "too-big", issues=2)
+    adapter = plant.composer(registration)
+    with pool.connection() as conn:
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
+        fine, big = (issue_version(i, registration) for i in page.issues)
+        too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest, big.body,
+                                     '{"t":"' + "x" * BODY_SNAPSHOT_LIMIT + '"}')
+        with pytest.raises(ValueError, match="exceeds"):
+            store.commit_page(conn, claim, [fine, too_big], next_cursor=page.next_cursor, exhausted=False)
+        assert conn.info.transaction_status == TransactionStatus.IDLE
+        (receipts,) = conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
+                                   (registration.registration_id,)).fetchone()
+        progress = conn.execute("SELECT lease_token, cursor_token, pages FROM connector_progress "
+                                "WHERE registration_key = %s", (registration.key,)).fetchone()
+    assert receipts == 0 and progress == (claim.token, None, 0)
+
+
+def test_a_page_commit_refuses_to_run_inside_a_callers_transaction(pool):
+    plant, registration = _due(pool, "nested", issues=0)
+    with pool.connection() as conn:
+        claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
+                                registration_ids=[registration.registration_id])
+        with pytest.raises(RuntimeError, match="outside"), conn.transaction():
+            store.commit_page(conn, claim, [], next_cursor="next", exhausted=True)
+        (cursor,) = conn.execute("SELECT cursor_token FROM connector_progress WHERE registration_key = %s",
+                                 (registration.key,)).fetchone()
+    assert cursor is None
