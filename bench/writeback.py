@@ -21,6 +21,10 @@ WAL writes and fsyncs (pg_stat_io) and committed transactions of the bench's dat
 (pg_stat_database). They cover the whole server, so with NEXUS_PG_DSN another client's
 writes count too; `pg_data_dir` says where the bench put its database (removed, with the
 emulator's files, when the bench ends).
+
+`run_over_api` is the first run's wall time over its time in CRM calls (upserts and
+read-backs); `run_over_api_without_pre_write_warehouse` leaves out the BigQuery waits
+before the write pass (`pre_write_warehouse_s`), which no CRM call can overlap.
 """
 
 from __future__ import annotations
@@ -99,18 +103,19 @@ def _per_commit(before: dict, after: dict, batches: int) -> dict:
 
 
 def _run(runner, context) -> tuple:
-    """Run to the end; returns (result, validation main-thread CPU s, validation process CPU s)."""
+    """Run to the end; returns (result, validation main-thread CPU s, validation process CPU s,
+    BigQuery wait before the write pass s)."""
     from nexus_pipelines.writeback.contract import JobResult
     from nexus_pipelines.writeback.runner import STAGE_KEYS, STAGE_VALIDATION, StageDone
 
     result, marks = None, {}
     for event in runner.execute(context):
         if isinstance(event, StageDone) and event.stage in (STAGE_KEYS, STAGE_VALIDATION):
-            marks[event.stage] = (time.thread_time(), time.process_time())
+            marks[event.stage] = (time.thread_time(), time.process_time(), runner.warehouse.seconds)
         elif isinstance(event, JobResult):
             result = event
-    (thread0, process0), (thread1, process1) = marks[STAGE_KEYS], marks[STAGE_VALIDATION]
-    return result, thread1 - thread0, process1 - process0
+    (thread0, process0, _), (thread1, process1, warehouse) = marks[STAGE_KEYS], marks[STAGE_VALIDATION]
+    return result, thread1 - thread0, process1 - process0, warehouse
 
 
 def main() -> int:
@@ -185,10 +190,10 @@ def main() -> int:
                 runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn,
                                 page_size=args.page_size, prefetch_pages=args.prefetch_pages)
                 t = time.perf_counter()
-                result, cpu_thread, cpu_process = _run(runner, JobContext(
+                result, cpu_thread, cpu_process, pre_write_warehouse = _run(runner, JobContext(
                     run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}", started_at=datetime.now(UTC), dry_run=False))
                 wall = time.perf_counter() - t
-            runs.append((label, result, runner, wall, cpu_thread, cpu_process))
+            runs.append((label, result, runner, wall, cpu_thread, cpu_process, pre_write_warehouse))
             say(f"{label}: {result.status} selected={result.selected} unchanged={result.unchanged} "
                 f"succeeded={result.succeeded} failed={result.retryable_failed + result.permanently_failed} "
                 f"batches={result.batches} crm_calls={result.crm_calls} read_back_calls={result.read_back_calls} "
@@ -205,8 +210,9 @@ def main() -> int:
                 say("  per batch commit: " + " ".join(f"{k}={v}" for k, v in wal.items()))
         parent.send("records")
         crm_records = parent.recv()
-        _, first, first_runner, first_wall, cpu_thread, cpu_process = runs[0]
-        _, rerun, _, rerun_wall, _, _ = runs[1]
+        _, first, first_runner, first_wall, cpu_thread, cpu_process, pre_write_warehouse = runs[0]
+        _, rerun, _, rerun_wall, _, _, _ = runs[1]
+        crm_s = first.stage_seconds.get("crm_calls", 0.0)
         per_row_us = 1e6 / max(first.selected, 1)
         changed = first.would_write
         # BigQuery time on the critical path: every stage before the write pass waits on it;
@@ -234,14 +240,21 @@ def main() -> int:
             "first_status": first.status,
             "rerun_status": rerun.status,
             "rerun_total_s": round(rerun_wall, 3),
-            "crm_calls_s": round(first.stage_seconds.get("crm_calls", 0.0), 3),
+            "crm_calls_s": round(crm_s, 3),
+            # Run time over the time spent in CRM calls (upserts and read-backs); the second
+            # leaves out the BigQuery waits before the write pass (readiness, candidate table,
+            # key checks, the validation pass's page reads), which no CRM call can overlap.
+            "run_over_api": round(first_wall / max(crm_s, 1e-9), 4),
+            "run_over_api_without_pre_write_warehouse": round((first_wall - pre_write_warehouse) / max(crm_s, 1e-9), 4),
+            "pre_write_warehouse_s": round(pre_write_warehouse, 3),
             "ledger_writes_s": round(first.stage_seconds.get("ledger_writes", 0.0), 3),
             "validation_pass_s": round(first.stage_seconds.get("validation_pass", 0.0), 3),
             "pg_data_dir": str(postgres.data_dir) if postgres is not None else "NEXUS_PG_DSN",
             **wal,
         }
         budget = 1.10 * (summary["calls"] + summary["read_back_calls"]) * args.latency_ms / 1000
-        say(f"non-warehouse time {first_wall - first_runner.warehouse.seconds:.2f}s vs "
+        # Only the waits before the write pass: its page reads overlap the CRM calls.
+        say(f"time outside the BigQuery waits before the write pass {first_wall - pre_write_warehouse:.2f}s vs "
             f"1.10 x (calls + read-back calls) x latency = {budget:.2f}s")
         print(json.dumps(summary, sort_keys=True), flush=True)
         return 0

@@ -156,8 +156,9 @@ SELECT external_id, payload_hash, status, attempt_count, next_retry_at, crm_reco
 """
 
 # One statement per API batch (one round trip, atomic): renew the lease under its
-# fencing token, append the attempts, and - only while the token is current - write the
-# record states and bump the run counters. The batch has one time: a time per row widened
+# fencing token, append the attempts as one batch row (its arrays are the batch's own
+# parameters; the view outbound_record_attempts shows a row per attempt), and - only
+# while the token is current - write the record states and bump the run counters. The batch has one time: a time per row widened
 # the BRIN range of attempted_at on every insert, one more WAL record per row for the
 # commit to flush. Record states are split by one lookup of the batch's keys in the
 # primary key: a record new to the ledger is a plain insert, where INSERT ... ON CONFLICT
@@ -179,17 +180,18 @@ WITH lease AS (
     SELECT clock_timestamp() AS at
 ), u AS (
     SELECT * FROM unnest(%(ids)b::text[], %(hashes)b::text[], %(versions)b::text[], %(numbers)b::bigint[],
-                         %(statuses)b::text[], %(crm_ids)b::text[], %(http)b::bigint[], %(codes)b::text[],
-                         %(messages)b::text[], %(durations)b::bigint[], %(retry)b::float8[])
-        AS u(external_id, payload_hash, source_version, attempt_number, status, crm_record_id, http_status,
-             error_code, error_message, duration_ms, retry_s)
+                         %(statuses)b::text[], %(crm_ids)b::text[], %(codes)b::text[], %(messages)b::text[],
+                         %(retry)b::float8[])
+        AS u(external_id, payload_hash, source_version, attempt_number, status, crm_record_id, error_code,
+             error_message, retry_s)
 ), attempts AS (
-    INSERT INTO outbound_record_attempts (attempted_at, job_name, run_id, batch_id, external_id, payload_hash,
-        attempt_number, status, crm_record_id, http_status, error_code, error_message, duration_ms)
-    SELECT (SELECT at FROM batch), %(job)s, %(run)s, %(batch)s, u.external_id, u.payload_hash, u.attempt_number,
-           u.status, u.crm_record_id, u.http_status, u.error_code, u.error_message, u.duration_ms
-      FROM u
-    RETURNING 1
+    INSERT INTO outbound_attempt_batches (attempted_at, job_name, run_id, batch_id, external_ids, payload_hashes,
+        attempt_numbers, statuses, crm_record_ids, http_statuses, error_codes, error_messages, duration_ms)
+    SELECT (SELECT at FROM batch), %(job)s, %(run)s, %(batch)s, %(ids)b::text[], %(hashes)b::text[],
+           %(numbers)b::bigint[], %(statuses)b::text[], %(crm_ids)b::text[], %(http)b::bigint[], %(codes)b::text[],
+           %(messages)b::text[], %(durations)b::bigint[]
+     WHERE cardinality(%(ids)b::text[]) > 0
+    RETURNING cardinality(external_ids) AS n
 ), known AS (
     SELECT r.external_id FROM outbound_records AS r
      WHERE r.job_name = %(job)s AND r.target_object = %(object)s AND r.external_id = ANY(%(ids)b::text[])
@@ -244,7 +246,7 @@ WITH lease AS (
     RETURNING 1
 )
 SELECT (SELECT ok FROM fence), (SELECT expires_at FROM lease),
-       (SELECT count(*) FROM attempts), (SELECT count(*) FROM inserted) + (SELECT count(*) FROM updated)
+       (SELECT coalesce(sum(n), 0) FROM attempts), (SELECT count(*) FROM inserted) + (SELECT count(*) FROM updated)
 """
 
 _FINISH_RUN = """
@@ -419,18 +421,20 @@ class Ledger:
         return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
 
 
-def prune_attempts(conn: Connection, *, retention: timedelta = ATTEMPT_RETENTION, chunk: int = 10_000,
+def prune_attempts(conn: Connection, *, retention: timedelta = ATTEMPT_RETENTION, chunk: int = 50,
                    max_chunks: int = 1_000) -> int:
-    """Delete attempt evidence older than the retention, in bounded chunks."""
+    """Delete attempt evidence older than the retention, `chunk` batches at a time;
+    returns the number of attempts deleted."""
     total = 0
     for _ in range(max_chunks):
-        cur = conn.execute(
-            """DELETE FROM outbound_record_attempts WHERE ctid IN (
-                   SELECT ctid FROM outbound_record_attempts
-                    WHERE attempted_at < clock_timestamp() - %s LIMIT %s)""",
+        counts = conn.execute(
+            """DELETE FROM outbound_attempt_batches WHERE ctid IN (
+                   SELECT ctid FROM outbound_attempt_batches
+                    WHERE attempted_at < clock_timestamp() - %s LIMIT %s)
+               RETURNING cardinality(external_ids)""",
             (retention, chunk),
-        )
-        total += cur.rowcount
-        if cur.rowcount < chunk:
+        ).fetchall()
+        total += sum(n for n, in counts)
+        if len(counts) < chunk:
             break
     return total

@@ -195,10 +195,11 @@ def _wal_writes(conn, start, relations):
     return [(f"{rm}/{kind}", files[node]) for rm, kind, node in rows if node in files]
 
 
-def test_a_batch_commit_inserts_new_records_plainly_and_indexes_each_attempt_once(ledger, control_conn):
+def test_a_batch_commit_inserts_new_records_plainly_and_its_attempts_as_one_batch_row(ledger, control_conn):
     """A record new to the ledger is a plain insert (no speculative insert to confirm), a
-    known one is updated in place, and an attempt row adds one btree entry (its
-    transaction id, for the export), not one per index: the run index is a block range."""
+    known one is updated in place, and the batch's attempts are one row with one btree
+    entry (its transaction id, for the export), not a row and an entry per attempt
+    (migration 0029); the run index is a block range."""
     control_conn.execute("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
     control_conn.execute("SET synchronous_commit = on")  # the suite's server defers flushes; WAL is read to the flush
     lease = ledger.acquire_lease("r1", TTL)
@@ -209,13 +210,55 @@ def test_a_batch_commit_inserts_new_records_plainly_and_indexes_each_attempt_onc
     known = [outcome(f"k{i}", h="h2", crm=None, status="retryable_failed", code="TIMEOUT", attempt=2, delay=5)
              for i in range(10)]
     ledger.commit_batch("r1", "b2", lease, TTL, known + [outcome(f"n{i}") for i in range(10)], BatchCounts(10, 10))
-    writes = _wal_writes(control_conn, start, ["outbound_records", "outbound_record_attempts",
-                                               "outbound_record_attempts_xid", "outbound_record_attempts_run",
-                                               "outbound_record_attempts_time"])
+    writes = _wal_writes(control_conn, start, ["outbound_records", "outbound_attempt_batches", "outbound_attempt_batches_xid",
+                                               "outbound_attempt_batches_run", "outbound_attempt_batches_time"])
     assert ("Heap/HEAP_CONFIRM", "outbound_records") not in writes
     assert sum(kind.startswith("Heap/INSERT") for kind, relation in writes if relation == "outbound_records") == 10
-    assert sum(kind.startswith("Btree/INSERT") for kind, _ in writes) == 20  # the xid index, once per attempt
+    assert sum(kind.startswith("Heap/INSERT") for kind, r in writes if r == "outbound_attempt_batches") == 1
+    assert sum(kind.startswith("Btree/INSERT") for kind, r in writes if r == "outbound_attempt_batches_xid") == 1
+    attempts = control_conn.execute(
+        "SELECT external_id, payload_hash, attempt_number, status, crm_record_id, http_status, error_code, "
+        "error_message, duration_ms FROM outbound_record_attempts WHERE job_name = %s AND batch_id = 'b2' "
+        "ORDER BY external_id", (ledger.job_name,)).fetchall()
+    assert len(attempts) == 20
+    assert attempts[3] == ("k3", "h2", 2, "retryable_failed", None, 200, "TIMEOUT", "msg", 12)
+    assert attempts[13] == ("n3", "h1", 1, "succeeded", "a0M1", 200, None, None, 12)
     rows = {r["external_id"]: r for r in ledger.record_rows()}
     assert len(rows) == 20 and rows["k3"]["status"] == "retryable_failed" and rows["k3"]["crm_record_id"] == "a0M3"
     assert rows["k3"]["last_success_run_id"] == "r1" and rows["k3"]["attempt_count"] == 2
     assert rows["n3"]["status"] == "succeeded" and rows["n3"]["attempt_count"] == 1
+
+
+def test_attempts_recorded_one_row_each_come_back_unchanged_after_the_move_to_batch_rows(empty_dsn, tmp_path):
+    """Migration 0029 groups the attempt rows of the row-per-attempt table into batch rows;
+    the view shows every one of them as it was, and the next batch commit appends to them."""
+    import shutil
+
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.control.migrations import MIGRATIONS_DIR, apply_migrations
+
+    before = tmp_path / "before"
+    before.mkdir()
+    for path in sorted(MIGRATIONS_DIR.glob("*.sql")):
+        if int(path.name.split("_", 1)[0]) < 29:
+            shutil.copy(path, before / path.name)
+    apply_migrations(empty_dsn, directory=before)
+    columns = ("attempted_at, job_name, run_id, batch_id, external_id, payload_hash, attempt_number, status, "
+               "crm_record_id, http_status, error_code, error_message, duration_ms, recorded_xid")
+    with connect(empty_dsn) as conn:
+        conn.execute(
+            f"INSERT INTO outbound_record_attempts ({columns.replace(', recorded_xid', '')}) VALUES "
+            "('2026-11-01 10:00:00+00', 'j', 'r0', 'r0:1', 'a', 'h1', 1, 'succeeded', 'a0M1', 200, NULL, NULL, 9), "
+            "('2026-11-01 10:00:01+00', 'j', 'r0', 'r0:1', 'b', 'h2', 3, 'permanent_failed', NULL, 200, 'E', 'm', 9)")
+        conn.execute(  # one transaction: one recorded_xid for the batch's rows
+            f"INSERT INTO outbound_record_attempts ({columns.replace(', recorded_xid', '')}) VALUES "
+            "('2026-11-02 10:00:00+00', 'j', 'r1', 'r1:1', 'a', 'h3', 1, 'retryable_failed', NULL, 503, 'T', 't', 40), "
+            "('2026-11-02 10:00:00+00', 'j', 'r1', 'r1:1', 'c', 'h4', 1, 'succeeded', 'a0M3', 503, NULL, NULL, 40)")
+        old = sorted(conn.execute(f"SELECT {columns} FROM outbound_record_attempts").fetchall())
+    apply_migrations(empty_dsn)
+    with connect(empty_dsn) as conn:
+        assert sorted(conn.execute(f"SELECT {columns} FROM outbound_record_attempts").fetchall()) == old
+        assert conn.execute("SELECT count(*) FROM outbound_attempt_batches").fetchone()[0] == 3
+        Ledger(conn, "j", "Month_End_ARR__c").commit_batch("r2", "r2:1", None, TTL, [outcome("a", h="h5")],
+                                                           BatchCounts(1))
+        assert conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE job_name = 'j'").fetchone()[0] == 5
