@@ -97,7 +97,10 @@ def reanchor(next_link: str | None, first: datetime | None, last: datetime | Non
 # -- shifts: what a scan remembers so that a shift under its pages loses nothing ----------
 
 MAX_SHIFT_RESTARTS = 2  # a scan repeats at most this often in one poll; the next poll repeats it again
-_WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)$")
+MAX_RUN_ROWS = 999_999  # a walked run's rows are counted up to this (a run that long is never walked by offset)
+# the run-row fields (the last four) are absent from a cursor written before they were counted
+_WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)"
+                    r"(?:,(\d{1,6}),(\d{1,6}),([^,]+),(\d{1,6}))?$")
 Item = tuple[str, datetime]  # a listed item's immutable id and update time: the version a page shows
 
 
@@ -111,8 +114,10 @@ class Watch:
       skipped. Re-anchored pages cannot skip (`reanchor`), but a tie walk can; so the
       next scan starts no later than the first tie run walked and reads it once more. A
       walk that was itself a re-read (its bound at or before `upto`) is read again only
-      if an update was stamped after the walk began (the one way it can have shifted
-      back), so a re-read of an unchanged run ends.
+      if it can have shifted back: an update was stamped after the walk began, or the
+      run came back shorter than the walk it re-reads listed it (`prior`, `prior_rows`:
+      a deletion or a move out of the listing stamps no update here). A run only
+      shortens so often, so a re-read of an unchanged run ends.
     * forward (an item appeared before the position): the previous page's last item comes
       back in the same version (`last`: seen twice), or a page is shorter than the scan's pages before it
       (`size`: what the provider honours, which may be less than asked) though more follow;
@@ -129,6 +134,10 @@ class Watch:
     owed: datetime | None = None  # the bound of the first tie walk that is no re-read: read it again
     upto: datetime | None = None  # tie walks at or before this bound re-read the previous scan's
     restarts: int = 0
+    walk_rows: int = 0  # the rows of the first walk's tie run this scan listed
+    owed_rows: int = 0  # the rows of the owed walk's tie run this scan listed (when it is a later walk)
+    prior: datetime | None = None  # the bound of the walk this scan re-reads, as the scan before walked it
+    prior_rows: int = 0  # the rows of that walk's tie run the scan before listed
 
     def encode(self) -> str | None:
         """The cursor field, or None when there is nothing to remember."""
@@ -136,7 +145,8 @@ class Watch:
             return None
         last_id, last_at = self.last or (NONE, None)
         times = (format_time(t) for t in (self.walk, self.walk_from, self.owed, self.upto))
-        return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts)))
+        return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts),
+                         str(self.walk_rows), str(self.owed_rows), format_time(self.prior), str(self.prior_rows)))
 
     @classmethod
     def decode(cls, text: str | None) -> Watch:
@@ -145,14 +155,17 @@ class Watch:
         match = _WATCH.match(text)
         if not match:
             raise CursorError("the shift field of a cursor is not well formed")
-        last_id, last_at, size, *times, restarts = match.groups()
-        at, walk, walk_from, owed, upto = (parse_time(t) for t in (last_at, *times))
+        last_id, last_at, size, *times, restarts, walk_rows, owed_rows, prior, prior_rows = match.groups()
+        at, walk, walk_from, owed, upto, prior = (parse_time(t) for t in (last_at, *times, prior or NONE))
         if (last_id == NONE) != (at is None):
             raise CursorError("the shift field of a cursor has half an item")
         if int(restarts) > MAX_SHIFT_RESTARTS:
             raise CursorError("a cursor counts more shift restarts than a poll makes")
+        if prior is None and int(prior_rows or 0):
+            raise CursorError("the shift field of a cursor counts the rows of no walk")
         last = None if at is None else (last_id, at)
-        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts))
+        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts), int(walk_rows or 0),
+                   int(owed_rows or 0), prior, int(prior_rows or 0))
 
     def shift_seen(self, items: Sequence[Item], more: bool) -> bool:
         """Whether this page, reached by an offset link or an opaque token (a first page and a
@@ -168,9 +181,8 @@ class Watch:
     def after_shift(self) -> Watch:
         """The watch of the same scan repeated from its own lower bound: at once (`repeats`) up to
         `MAX_SHIFT_RESTARTS` times, then at the next poll."""
-        if self.restarts < MAX_SHIFT_RESTARTS:
-            return Watch(upto=self.upto, restarts=self.restarts + 1)
-        return Watch(upto=self.upto)
+        again = Watch(upto=self.upto, prior=self.prior, prior_rows=self.prior_rows)
+        return replace(again, restarts=self.restarts + 1) if self.restarts < MAX_SHIFT_RESTARTS else again
 
     @property
     def repeats(self) -> bool:
@@ -188,6 +200,15 @@ class Watch:
         owed = self.owed if self.owed is not None or (self.upto is not None and bound <= self.upto) else bound
         return replace(self.followed(items), walk=self.walk or bound, walk_from=self.walk_from or served, owed=owed)
 
+    def listed(self, items: Sequence[Item], boundary: Callable[[datetime], datetime]) -> Watch:
+        """After a page of this scan (a walk's first page included): its rows in the tie runs
+        of the first walk and of the owed walk, counted from the page each walk began on."""
+        def rows(bound: datetime | None) -> int:
+            return 0 if bound is None else sum(1 for _, at in items if boundary(at) == bound)
+        owed = rows(self.owed) if self.owed != self.walk else 0
+        return replace(self, walk_rows=min(self.walk_rows + rows(self.walk), MAX_RUN_ROWS),
+                       owed_rows=min(self.owed_rows + owed, MAX_RUN_ROWS))
+
     def left(self) -> Watch:
         """After a fresh first page or a keyset link: no offset position to check."""
         return replace(self, last=None)
@@ -198,9 +219,12 @@ class Watch:
         reread = self.owed
         if self.walk is not None and hwm is not None and self.walk_from is not None and hwm >= self.walk_from:
             reread = self.walk  # an update stamped during a walk may have shifted it back
+        if self.walk is not None and self.walk == self.prior and self.walk_rows < self.prior_rows:
+            reread = self.walk  # the run came back shorter: a deletion during the walk may have shifted it back
         if reread is None:
             return None, Watch()
-        return reread, Watch(upto=hwm)
+        rows = self.walk_rows if reread == self.walk else self.owed_rows
+        return reread, Watch(upto=hwm, prior=reread, prior_rows=rows)
 
 
 @dataclass(frozen=True)
@@ -228,11 +252,12 @@ def page_step(watch: Watch, *, items: Sequence[Item], served: datetime | None, n
     first, last = (items[0][1], items[-1][1]) if items else (None, None)
     anchor = reanchor(next_link, first, last, keyset_param=keyset_param, boundary=boundary)
     if anchor is not None:
-        return Step("anchor", watch.left(), anchor)
+        return Step("anchor", watch.left().listed(items, boundary), anchor)
     if more:
         offset = last is not None and not is_keyset_link(next_link, keyset_param)
-        return Step("follow", watch.walked(boundary(last), served, items) if offset else watch.left())
-    reread, watch = watch.next_scan(hwm)
+        watch = watch.walked(boundary(last), served, items) if offset else watch.left()
+        return Step("follow", watch.listed(items, boundary))
+    reread, watch = watch.listed(items, boundary).next_scan(hwm)
     return Step("end", watch, reread)
 
 

@@ -164,3 +164,38 @@ def test_a_deletion_inside_a_tie_run_while_it_is_walked_loses_no_issue(world):
     world.advance(120)
     third, _ = scan(world, adapter, page_size=100, cursor=tokens[-1])
     assert not {i.external_ref for i in third} & set(run)  # once, not on every scan
+
+
+def scan_deleting(world, adapter, *, cursor: str | None, page_size: int, after_pages: int, ref: str):
+    """One scan that deletes `ref` once `after_pages` of its pages were read; (issues, tokens)."""
+    issues, tokens = [], [cursor]
+    while True:
+        page, _ = executor().fetch(adapter, FetchIssuePage(cursor=tokens[-1], page_size=page_size))
+        issues += page.issues
+        tokens.append(page.next_cursor)
+        if len(tokens) - 1 == after_pages:
+            world.delete_issue(ref)
+        if page.exhausted:
+            return issues, tokens
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_tie_run_loses_no_issue(world):
+    adapter = world.adapter()
+    run = world.add_issues(25, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    # the first walk skips run[20]: a deletion after its second page shifts it onto that page
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=2, ref=run[3])
+    assert run[20] not in {i.external_ref for i in first}
+    for ref in run[4:13]:  # gone before the re-read: run[20] is now the first of the re-read's second page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read skips it too (a deletion after its first page), and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=1, ref=run[0])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # the run came back shorter: once more
+    listed = {i.external_ref for i in [*first, *second, *third]}
+    assert set(run[1:3] + run[13:] + tail) <= listed
+    world.advance(120)
+    fourth, _ = scan(world, adapter, page_size=10, cursor=tokens[-1])
+    assert not {i.external_ref for i in fourth} & set(run)  # an unchanged run is not read again

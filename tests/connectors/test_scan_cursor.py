@@ -101,11 +101,14 @@ PAGE = items(1, 10)
 
 def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
     watch = Watch(last=("42", T + timedelta(microseconds=7)), size=100, walk=T, walk_from=T + timedelta(minutes=5),
-                  owed=T, upto=T + timedelta(minutes=6), restarts=1)
+                  owed=T, upto=T + timedelta(minutes=6), restarts=1, walk_rows=250, owed_rows=3, prior=T,
+                  prior_rows=249)
     assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
     assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
+    assert Watch.decode("-,-,0,-,-,-,2026-11-01T09:00:00Z,0") == Watch(upto=T)  # a watch from before rows were counted
     for bad in ("42,-,100,-,-,-,-,0", "-,2026-11-01T09:00:00Z,1,-,-,-,-,0", "x,-,1,-,-,-,-,0",
-                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-"):
+                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-",
+                "-,-,1,-,-,-,-,0,0,0,-,7", "-,-,1,-,-,-,-,0,0,0"):
         with pytest.raises(CursorError):
             Watch.decode(bad)
 
@@ -147,7 +150,9 @@ def walk(watch: Watch, bound: datetime, served: datetime, page=None) -> Watch:
 def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
     walked = walk(Watch(), T, T + timedelta(hours=1))
     assert walked.owed == T and walked.last == ("10", T)
-    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1)))
+    assert walked.walk_rows == 10
+    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1), prior=T,
+                                                                   prior_rows=10))
 
 
 def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_began():
@@ -158,19 +163,43 @@ def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_be
     assert reread.next_scan(began + timedelta(seconds=1))[0] == T  # something changed while it was walked
 
 
+def test_a_reread_walk_whose_run_came_back_shorter_is_read_again_until_it_comes_back_as_long():
+    began, upto = T + timedelta(hours=1), T + timedelta(minutes=1)
+    owed = Watch(upto=upto, prior=T, prior_rows=11)  # the walk before listed 11 rows of the run
+    shorter = walk(owed, T, began)
+    assert shorter.owed is None and shorter.walk_rows == 10
+    reread, watch = shorter.next_scan(upto)  # one row is gone, and no update was stamped: perhaps a deletion
+    assert (reread, watch) == (T, Watch(upto=upto, prior=T, prior_rows=10))
+    assert walk(watch, T, began).next_scan(upto) == (None, Watch())  # as long as the last walk: done
+    assert walk(Watch(upto=upto, prior=T - timedelta(minutes=1), prior_rows=11), T, began).next_scan(upto) == (
+        None, Watch())  # the rows of another run say nothing about this one
+
+
+def test_the_rows_of_a_run_are_counted_on_every_page_from_its_walks_first():
+    later = T + timedelta(minutes=9)
+    walked = walk(Watch(), T, T + timedelta(hours=1))
+    end = page_step(walked, items=[*items(11, 13), *items(14, 15, later)], served=None, next_link=None,
+                    keyset_param="cursor", boundary=exact, hwm=later)
+    assert end.anchor == T and end.watch.prior_rows == 13  # 10 on the walk's page, 3 on the last
+
+
 def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
     later = T + timedelta(minutes=9)
     reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
     watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
     assert watch.walk == T and watch.owed == later
+    assert (watch.walk_rows, watch.owed_rows) == (10, 10)
+    assert watch.next_scan(later) == (later, Watch(upto=later, prior=later, prior_rows=10))  # the later run's rows
 
 
 _FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
                                 min_size=1, max_size=30)
 _TIME = st.just("-") | st.datetimes(timezones=st.timezones()).map(datetime.isoformat) | _FIELD
-_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
+_COUNT = st.integers(min_value=0, max_value=10**7) | _FIELD
+_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
                         st.integers(min_value=0, max_value=10**5) | _FIELD, _TIME, _TIME, _TIME, _TIME,
-                        st.integers(min_value=0, max_value=12) | _FIELD)
+                        st.integers(min_value=0, max_value=12) | _FIELD,
+                        st.just("") | st.builds(",{},{},{},{}".format, _COUNT, _COUNT, _TIME, _COUNT))
 
 
 @settings(max_examples=300, deadline=None)
