@@ -224,7 +224,9 @@ class Watch:
         if reread is None:
             return None, Watch()
         rows = self.walk_rows if reread == self.walk else self.owed_rows
-        return reread, Watch(upto=hwm, prior=reread, prior_rows=rows)
+        # a later walk owed behind a re-read that is read again stays owed: its rows come with its own re-read
+        upto = self.upto if self.owed not in (None, reread) else hwm
+        return reread, Watch(upto=upto, prior=reread, prior_rows=rows)
 
 
 @dataclass(frozen=True)

@@ -192,6 +192,15 @@ def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
     assert watch.next_scan(later) == (later, Watch(upto=later, prior=later, prior_rows=10))  # the later run's rows
 
 
+def test_a_later_walk_owed_behind_a_reread_that_is_read_again_stays_owed_until_its_own_reread():
+    later, began = T + timedelta(minutes=9), T + timedelta(hours=1)
+    shorter = walk(Watch(upto=T, prior=T, prior_rows=11), T, began)  # the re-read run came back shorter
+    reread, watch = walk(shorter, later, began, page=items(11, 20, later)).next_scan(later)
+    assert (reread, watch) == (T, Watch(upto=T, prior=T, prior_rows=10))  # `later` is no re-read next time
+    again = walk(walk(watch, T, began), later, began, page=items(11, 20, later))
+    assert again.owed == later and again.next_scan(later) == (later, Watch(upto=later, prior=later, prior_rows=10))
+
+
 _FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
                                 min_size=1, max_size=30)
 _TIME = st.just("-") | st.datetimes(timezones=st.timezones()).map(datetime.isoformat) | _FIELD
