@@ -97,10 +97,10 @@ def reanchor(next_link: str | None, first: datetime | None, last: datetime | Non
 # -- shifts: what a scan remembers so that a shift under its pages loses nothing ----------
 
 MAX_SHIFT_RESTARTS = 2  # a scan repeats at most this often in one poll; the next poll repeats it again
-MAX_RUN_ROWS = 999_999  # a walked run's rows are counted up to this (a run that long is never walked by offset)
-# the run-row fields (the last four) are absent from a cursor written before they were counted
+MAX_RUN_ROWS = 999_999  # a walked run's rows are counted up to this
+# the run-row fields (the last six) are absent from a cursor written before they were counted
 _WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)"
-                    r"(?:,(\d{1,6}),(\d{1,6}),([^,]+),(\d{1,6}))?$")
+                    r"(?:,(\d{1,6}),([^,]+),([01]),([^,]+),([^,]+),(\d{1,6}))?$")
 Item = tuple[str, datetime]  # a listed item's immutable id and update time: the version a page shows
 
 
@@ -114,10 +114,11 @@ class Watch:
       skipped. Re-anchored pages cannot skip (`reanchor`), but a tie walk can; so the
       next scan starts no later than the first tie run walked and reads it once more. A
       walk that was itself a re-read (its bound at or before `upto`) is read again only
-      if it can have shifted back: an update was stamped after the walk began, or the
-      run came back shorter than the walk it re-reads listed it (`prior`, `prior_rows`:
-      a deletion or a move out of the listing stamps no update here). A run only
-      shortens so often, so a re-read of an unchanged run ends.
+      if it can have shifted back: an update was stamped after the walk began, or it did
+      not list its run as the walk it re-reads did (`prior`: that walk's bounds and rows;
+      a deletion or a move out of the listing stamps no update here, but a run it shifted
+      comes back shorter; a re-read with no count to compare is read once more, with its
+      own). A run only shortens so often, so a re-read of an unchanged run ends.
     * forward (an item appeared before the position): the previous page's last item comes
       back in the same version (`last`: seen twice), or a page is shorter than the scan's pages before it
       (`size`: what the provider honours, which may be less than asked) though more follow;
@@ -134,10 +135,12 @@ class Watch:
     owed: datetime | None = None  # the bound of the first tie walk that is no re-read: read it again
     upto: datetime | None = None  # tie walks at or before this bound re-read the previous scan's
     restarts: int = 0
-    walk_rows: int = 0  # the rows of the first walk's tie run this scan listed
-    owed_rows: int = 0  # the rows of the owed walk's tie run this scan listed (when it is a later walk)
-    prior: datetime | None = None  # the bound of the walk this scan re-reads, as the scan before walked it
-    prior_rows: int = 0  # the rows of that walk's tie run the scan before listed
+    walk_rows: int = 0  # the rows this scan listed in the windows from `walk` to `walk_to`
+    walk_to: datetime | None = None  # the bound of the last page of the first walk's chain of offset pages
+    walking: bool = False  # that chain goes on: the last page's offset link was followed
+    prior: datetime | None = None  # `walk` of the walk this scan re-reads, as the scan before walked it
+    prior_to: datetime | None = None  # and its `walk_to`
+    prior_rows: int = 0  # and its `walk_rows`
 
     def encode(self) -> str | None:
         """The cursor field, or None when there is nothing to remember."""
@@ -146,7 +149,8 @@ class Watch:
         last_id, last_at = self.last or (NONE, None)
         times = (format_time(t) for t in (self.walk, self.walk_from, self.owed, self.upto))
         return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts),
-                         str(self.walk_rows), str(self.owed_rows), format_time(self.prior), str(self.prior_rows)))
+                         str(self.walk_rows), format_time(self.walk_to), str(int(self.walking)),
+                         format_time(self.prior), format_time(self.prior_to), str(self.prior_rows)))
 
     @classmethod
     def decode(cls, text: str | None) -> Watch:
@@ -155,17 +159,19 @@ class Watch:
         match = _WATCH.match(text)
         if not match:
             raise CursorError("the shift field of a cursor is not well formed")
-        last_id, last_at, size, *times, restarts, walk_rows, owed_rows, prior, prior_rows = match.groups()
-        at, walk, walk_from, owed, upto, prior = (parse_time(t) for t in (last_at, *times, prior or NONE))
+        last_id, last_at, size, *times, restarts, walk_rows, walk_to, walking, prior, prior_to, prior_rows = (
+            match.groups())
+        at, walk, walk_from, owed, upto, walk_to, prior, prior_to = (
+            parse_time(t) for t in (last_at, *times, walk_to or NONE, prior or NONE, prior_to or NONE))
         if (last_id == NONE) != (at is None):
             raise CursorError("the shift field of a cursor has half an item")
         if int(restarts) > MAX_SHIFT_RESTARTS:
             raise CursorError("a cursor counts more shift restarts than a poll makes")
-        if prior is None and int(prior_rows or 0):
+        if (walk_to is None and (int(walk_rows or 0) or walking == "1")) or (prior is None and int(prior_rows or 0)):
             raise CursorError("the shift field of a cursor counts the rows of no walk")
         last = None if at is None else (last_id, at)
-        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts), int(walk_rows or 0),
-                   int(owed_rows or 0), prior, int(prior_rows or 0))
+        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts), int(walk_rows or 0), walk_to,
+                   walking == "1", prior, prior_to, int(prior_rows or 0))
 
     def shift_seen(self, items: Sequence[Item], more: bool) -> bool:
         """Whether this page, reached by an offset link or an opaque token (a first page and a
@@ -181,7 +187,7 @@ class Watch:
     def after_shift(self) -> Watch:
         """The watch of the same scan repeated from its own lower bound: at once (`repeats`) up to
         `MAX_SHIFT_RESTARTS` times, then at the next poll."""
-        again = Watch(upto=self.upto, prior=self.prior, prior_rows=self.prior_rows)
+        again = Watch(upto=self.upto, prior=self.prior, prior_to=self.prior_to, prior_rows=self.prior_rows)
         return replace(again, restarts=self.restarts + 1) if self.restarts < MAX_SHIFT_RESTARTS else again
 
     @property
@@ -200,14 +206,20 @@ class Watch:
         owed = self.owed if self.owed is not None or (self.upto is not None and bound <= self.upto) else bound
         return replace(self.followed(items), walk=self.walk or bound, walk_from=self.walk_from or served, owed=owed)
 
-    def listed(self, items: Sequence[Item], boundary: Callable[[datetime], datetime]) -> Watch:
-        """After a page of this scan (a walk's first page included): its rows in the tie runs
-        of the first walk and of the owed walk, counted from the page each walk began on."""
-        def rows(bound: datetime | None) -> int:
-            return 0 if bound is None else sum(1 for _, at in items if boundary(at) == bound)
-        owed = rows(self.owed) if self.owed != self.walk else 0
-        return replace(self, walk_rows=min(self.walk_rows + rows(self.walk), MAX_RUN_ROWS),
-                       owed_rows=min(self.owed_rows + owed, MAX_RUN_ROWS))
+    def chained(self, items: Sequence[Item], boundary: Callable[[datetime], datetime], walk_page: bool) -> Watch:
+        """After a page of this scan (`walk_page`: one whose offset link it follows in a tie
+        walk): the rows of the first walk's chain of offset pages in the windows from `walk`
+        to the chain's last bound, counted on each page of the chain and on the page that
+        ends it (pages are in update order and a fresh first page starts past the chain, so
+        no later page lists one of them)."""
+        if walk_page and (self.walking or self.walk_to is None):
+            to = boundary(items[-1][1])
+        elif self.walking:
+            to = self.walk_to
+        else:
+            return self
+        rows = sum(1 for _, at in items if self.walk <= boundary(at) <= to)
+        return replace(self, walk_rows=min(self.walk_rows + rows, MAX_RUN_ROWS), walk_to=to, walking=walk_page)
 
     def left(self) -> Watch:
         """After a fresh first page or a keyset link: no offset position to check."""
@@ -219,14 +231,24 @@ class Watch:
         reread = self.owed
         if self.walk is not None and hwm is not None and self.walk_from is not None and hwm >= self.walk_from:
             reread = self.walk  # an update stamped during a walk may have shifted it back
-        if self.walk is not None and self.walk == self.prior and self.walk_rows < self.prior_rows:
-            reread = self.walk  # the run came back shorter: a deletion during the walk may have shifted it back
+        if self._rereads_unlike_before:
+            reread = self.walk  # a deletion during the walk may have shifted it back
         if reread is None:
             return None, Watch()
-        rows = self.walk_rows if reread == self.walk else self.owed_rows
         # a later walk owed behind a re-read that is read again stays owed: its rows come with its own re-read
         upto = self.upto if self.owed not in (None, reread) else hwm
-        return reread, Watch(upto=upto, prior=reread, prior_rows=rows)
+        if reread != self.walk:  # a later walk: its rows were not counted, so its re-read is read once more
+            return reread, Watch(upto=upto)
+        return reread, Watch(upto=upto, prior=self.walk, prior_to=self.walk_to, prior_rows=self.walk_rows)
+
+    @property
+    def _rereads_unlike_before(self) -> bool:
+        """Whether this scan's first walk re-read its run (the walk owed is another or none) but
+        did not list it as the walk it re-reads did: fewer rows in the same windows, other
+        windows, or no count to compare."""
+        if self.walk is None or self.owed == self.walk:
+            return False
+        return (self.prior, self.prior_to) != (self.walk, self.walk_to) or self.walk_rows < self.prior_rows
 
 
 @dataclass(frozen=True)
@@ -254,12 +276,12 @@ def page_step(watch: Watch, *, items: Sequence[Item], served: datetime | None, n
     first, last = (items[0][1], items[-1][1]) if items else (None, None)
     anchor = reanchor(next_link, first, last, keyset_param=keyset_param, boundary=boundary)
     if anchor is not None:
-        return Step("anchor", watch.left().listed(items, boundary), anchor)
+        return Step("anchor", watch.left().chained(items, boundary, False), anchor)
     if more:
         offset = last is not None and not is_keyset_link(next_link, keyset_param)
         watch = watch.walked(boundary(last), served, items) if offset else watch.left()
-        return Step("follow", watch.listed(items, boundary))
-    reread, watch = watch.listed(items, boundary).next_scan(hwm)
+        return Step("follow", watch.chained(items, boundary, offset))
+    reread, watch = watch.chained(items, boundary, False).next_scan(hwm)
     return Step("end", watch, reread)
 
 

@@ -200,3 +200,32 @@ def test_a_deletion_while_the_owed_reread_walks_a_tie_run_loses_no_issue(world):
     world.advance(120)
     fourth, _ = scan(world, adapter, page_size=10, cursor=tokens[-1])
     assert not {i.external_ref for i in fourth} & set(run)  # an unchanged run is not read again
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_chain_of_tie_runs_loses_no_issue(world):
+    adapter = world.adapter()
+    first_run = world.add_issues(20, same_updated_at=True)  # two pages of one run, then one of the next:
+    world.advance(SPACING_S)                                # one walk across both runs' windows
+    second_run = world.add_issues(15, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    lost = second_run[10]
+    # the first walk skips it: a deletion after its third page shifts it onto that page
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=3, ref=second_run[0])
+    assert lost not in {i.external_ref for i in first}
+    for ref in second_run[1:10]:  # gone before the re-read: it is now the first of the re-read's third page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read skips it too (a deletion after its second page), and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=2, ref=first_run[0])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # the walk came back otherwise: once more
+    missing = set(first_run[1:] + second_run[10:] + tail) - {i.external_ref for i in [*first, *second, *third]}
+    assert not missing
+    rereads = []
+    for _ in range(3):
+        world.advance(120)
+        again, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])
+        rereads.append(bool({i.external_ref for i in again} & set(first_run + second_run)))
+    # once more (the third scan listed one row fewer than the second, which listed one deleted while it ran), then not
+    assert rereads == [True, False, False]

@@ -101,14 +101,15 @@ PAGE = items(1, 10)
 
 def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
     watch = Watch(last=("42", T + timedelta(microseconds=7)), size=100, walk=T, walk_from=T + timedelta(minutes=5),
-                  owed=T, upto=T + timedelta(minutes=6), restarts=1, walk_rows=250, owed_rows=3, prior=T,
-                  prior_rows=249)
+                  owed=T, upto=T + timedelta(minutes=6), restarts=1, walk_rows=250, walk_to=T + timedelta(seconds=2),
+                  walking=True, prior=T, prior_to=T + timedelta(seconds=1), prior_rows=249)
     assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
     assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
     assert Watch.decode("-,-,0,-,-,-,2026-11-01T09:00:00Z,0") == Watch(upto=T)  # a watch from before rows were counted
     for bad in ("42,-,100,-,-,-,-,0", "-,2026-11-01T09:00:00Z,1,-,-,-,-,0", "x,-,1,-,-,-,-,0",
                 "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-",
-                "-,-,1,-,-,-,-,0,0,0,-,7", "-,-,1,-,-,-,-,0,0,0"):
+                "-,-,1,-,-,-,-,0,0,-,0,-,-,7", "-,-,1,-,-,-,-,0,3,-,0,-,-,0", "-,-,1,-,-,-,-,0,0,-,1,-,-,0",
+                "-,-,1,-,-,-,-,0,0,-,2,-,-,0", "-,-,1,-,-,-,-,0,0,-,0"):
         with pytest.raises(CursorError):
             Watch.decode(bad)
 
@@ -147,58 +148,77 @@ def walk(watch: Watch, bound: datetime, served: datetime, page=None) -> Watch:
                      boundary=exact, hwm=bound).watch
 
 
-def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
+def end(watch: Watch, page, hwm: datetime):
+    """The last page of a scan: (where the next scan starts at the latest, its watch)."""
+    step = page_step(watch, items=page, served=None, next_link=None, keyset_param="cursor", boundary=exact, hwm=hwm)
+    return step.anchor, step.watch
+
+
+AFTER = T + timedelta(minutes=9)
+LAST_PAGE = [*items(11, 13), *items(14, 15, AFTER)]  # the run's last 3 rows, then 2 later ones
+
+
+def test_a_tie_walk_is_owed_one_reread_by_the_next_scan_which_gets_its_rows():
     walked = walk(Watch(), T, T + timedelta(hours=1))
-    assert walked.owed == T and walked.last == ("10", T)
-    assert walked.walk_rows == 10
-    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1), prior=T,
-                                                                   prior_rows=10))
+    assert walked.owed == T and walked.last == ("10", T) and (walked.walk_rows, walked.walking) == (10, True)
+    assert end(walked, LAST_PAGE, AFTER) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
 
 
-def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_began():
+def test_a_reread_walk_that_lists_its_run_as_before_ends_unless_an_update_was_stamped_after_it_began():
     began = T + timedelta(hours=1)
-    reread = walk(Watch(upto=T + timedelta(minutes=1)), T, began)
+    owed = Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13)
+    reread = walk(owed, T, began)
     assert reread.owed is None
-    assert reread.next_scan(T + timedelta(minutes=1)) == (None, Watch())  # unchanged: done
-    assert reread.next_scan(began + timedelta(seconds=1))[0] == T  # something changed while it was walked
+    assert end(reread, LAST_PAGE, AFTER) == (None, Watch())  # unchanged: done
+    assert end(reread, LAST_PAGE, began + timedelta(seconds=1))[0] == T  # something changed while it was walked
 
 
 def test_a_reread_walk_whose_run_came_back_shorter_is_read_again_until_it_comes_back_as_long():
-    began, upto = T + timedelta(hours=1), T + timedelta(minutes=1)
-    owed = Watch(upto=upto, prior=T, prior_rows=11)  # the walk before listed 11 rows of the run
-    shorter = walk(owed, T, began)
-    assert shorter.owed is None and shorter.walk_rows == 10
-    reread, watch = shorter.next_scan(upto)  # one row is gone, and no update was stamped: perhaps a deletion
-    assert (reread, watch) == (T, Watch(upto=upto, prior=T, prior_rows=10))
-    assert walk(watch, T, began).next_scan(upto) == (None, Watch())  # as long as the last walk: done
-    assert walk(Watch(upto=upto, prior=T - timedelta(minutes=1), prior_rows=11), T, began).next_scan(upto) == (
-        None, Watch())  # the rows of another run say nothing about this one
+    began = T + timedelta(hours=1)
+    owed = Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=14)  # the walk before listed 14 rows of the run
+    reread, watch = end(walk(owed, T, began), LAST_PAGE, AFTER)  # 13 now, and no update was stamped: a deletion?
+    assert (reread, watch) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
+    assert end(walk(watch, T, began), LAST_PAGE, AFTER) == (None, Watch())  # as long as the last walk: done
 
 
-def test_the_rows_of_a_run_are_counted_on_every_page_from_its_walks_first():
-    later = T + timedelta(minutes=9)
-    walked = walk(Watch(), T, T + timedelta(hours=1))
-    end = page_step(walked, items=[*items(11, 13), *items(14, 15, later)], served=None, next_link=None,
-                    keyset_param="cursor", boundary=exact, hwm=later)
-    assert end.anchor == T and end.watch.prior_rows == 13  # 10 on the walk's page, 3 on the last
+def test_a_reread_walk_with_no_count_to_compare_or_other_windows_is_read_once_more_with_its_own():
+    began = T + timedelta(hours=1)
+    for owed in (Watch(upto=AFTER), Watch(upto=AFTER, prior=T, prior_to=T + timedelta(seconds=1), prior_rows=13)):
+        reread, watch = end(walk(owed, T, began), LAST_PAGE, AFTER)
+        assert (reread, watch) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
+        assert end(walk(watch, T, began), LAST_PAGE, AFTER) == (None, Watch())
 
 
-def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
-    later = T + timedelta(minutes=9)
-    reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
-    watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
-    assert watch.walk == T and watch.owed == later
-    assert (watch.walk_rows, watch.owed_rows) == (10, 10)
-    assert watch.next_scan(later) == (later, Watch(upto=later, prior=later, prior_rows=10))  # the later run's rows
+def test_the_rows_of_a_chain_of_walk_pages_are_counted_across_its_windows_and_not_past_it():
+    later = T + timedelta(seconds=1)
+    chain = walk(walk(Watch(), T, T), later, T, page=items(11, 20, later))  # two windows, one chain
+    assert (chain.walk, chain.walk_to, chain.walk_rows) == (T, later, 20)
+    anchored = page_step(chain, items=[*items(21, 22, later), *items(23, 30, AFTER)], served=None,
+                         next_link="/x?page=4", keyset_param="cursor", boundary=exact, hwm=AFTER)
+    assert anchored.kind == "anchor" and (anchored.watch.walk_rows, anchored.watch.walking) == (22, False)
+    again = walk(anchored.watch, AFTER, T, page=items(23, 32, AFTER))  # a later walk: not this chain's rows
+    assert (again.walk_to, again.walk_rows, again.owed) == (later, 22, T)
 
 
-def test_a_later_walk_owed_behind_a_reread_that_is_read_again_stays_owed_until_its_own_reread():
-    later, began = T + timedelta(minutes=9), T + timedelta(hours=1)
-    shorter = walk(Watch(upto=T, prior=T, prior_rows=11), T, began)  # the re-read run came back shorter
-    reread, watch = walk(shorter, later, began, page=items(11, 20, later)).next_scan(later)
-    assert (reread, watch) == (T, Watch(upto=T, prior=T, prior_rows=10))  # `later` is no re-read next time
-    again = walk(walk(watch, T, began), later, began, page=items(11, 20, later))
-    assert again.owed == later and again.next_scan(later) == (later, Watch(upto=later, prior=later, prior_rows=10))
+def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread_which_is_then_read_once_more_with_its_rows():
+    began = T + timedelta(hours=1)
+    reread = walk(Watch(upto=T, prior=T, prior_to=T, prior_rows=10), T, began)
+    ended = page_step(reread, items=[*items(11, 11), *items(12, 20, AFTER)], served=None, next_link="/x?page=3",
+                      keyset_param="cursor", boundary=exact, hwm=AFTER)  # the re-read run ends, anchored
+    watch = walk(ended.watch, AFTER, began, page=items(21, 30, AFTER))
+    assert watch.walk == T and watch.owed == AFTER
+    reread_at, next_watch = end(watch, items(31, 31, AFTER), AFTER)
+    assert (reread_at, next_watch) == (AFTER, Watch(upto=AFTER))  # its rows were not counted: no prior
+
+
+def test_a_later_walk_owed_behind_a_reread_that_is_read_again_stays_owed():
+    began = T + timedelta(hours=1)
+    shorter = walk(Watch(upto=T, prior=T, prior_to=T, prior_rows=12), T, began)  # the re-read run came back shorter
+    ended = page_step(shorter, items=[*items(11, 11), *items(12, 20, AFTER)], served=None, next_link="/x?page=3",
+                      keyset_param="cursor", boundary=exact, hwm=AFTER)
+    watch = walk(ended.watch, AFTER, began, page=items(21, 30, AFTER))
+    reread, next_watch = end(watch, items(31, 31, AFTER), AFTER)
+    assert (reread, next_watch) == (T, Watch(upto=T, prior=T, prior_to=T, prior_rows=11))  # AFTER stays owed
 
 
 _FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
@@ -208,7 +228,8 @@ _COUNT = st.integers(min_value=0, max_value=10**7) | _FIELD
 _WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
                         st.integers(min_value=0, max_value=10**5) | _FIELD, _TIME, _TIME, _TIME, _TIME,
                         st.integers(min_value=0, max_value=12) | _FIELD,
-                        st.just("") | st.builds(",{},{},{},{}".format, _COUNT, _COUNT, _TIME, _COUNT))
+                        st.just("") | st.builds(",{},{},{},{},{},{}".format, _COUNT, _TIME,
+                                                st.sampled_from("012") | _FIELD, _TIME, _TIME, _COUNT))
 
 
 @settings(max_examples=300, deadline=None)
