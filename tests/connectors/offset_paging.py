@@ -229,3 +229,27 @@ def test_a_deletion_while_the_owed_reread_walks_a_chain_of_tie_runs_loses_no_iss
         rereads.append(bool({i.external_ref for i in again} & set(first_run + second_run)))
     # once more (the third scan listed one row fewer than the second, which listed one deleted while it ran), then not
     assert rereads == [True, False, False]
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_later_tie_run_of_the_scan_loses_no_issue(world):
+    adapter = world.adapter()
+    first_run = world.add_issues(20, same_updated_at=True)
+    world.advance(SPACING_S)
+    between = spaced(world, 5)  # the pages re-anchor between the two walks
+    second_run = world.add_issues(25, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    lost = second_run[20]
+    # the second walk skips it: a deletion after that walk's second page (the scan's fifth)
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=5, ref=second_run[0])
+    assert lost not in {i.external_ref for i in first}
+    for ref in second_run[1:10]:  # gone before the re-read: it is now the first of that walk's second page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read (from the first walk) skips it too in the second walk, and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=4,
+                                   ref=second_run[10])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])
+    missing = set(first_run + between + second_run[11:] + tail) - {i.external_ref for i in [*first, *second, *third]}
+    assert not missing
