@@ -8,8 +8,8 @@ later items back one position; following the page links would skip one issue old
 the high-water mark, and the next scan would start after it. The adapter must re-anchor
 instead: a fresh first page from the last item's time whenever the page spans more than
 its boundary window, and follow the page link only inside a tie run of at least a page,
-which the next scan reads once more, and once more again while the run comes back
-shorter (a deletion there shifts silently; the edit rows are in
+which the next scan reads once more, and again while its walked windows come back with
+fewer rows (a deletion there shifts silently; the edit rows are in
 `tests/connectors/shifts.py`).
 
 Issues here are a minute apart (a millisecond apart the next scan's one-second overlap
