@@ -97,7 +97,7 @@ def reanchor(next_link: str | None, first: datetime | None, last: datetime | Non
 # -- shifts: what a scan remembers so that a shift under its pages loses nothing ----------
 
 MAX_SHIFT_RESTARTS = 2  # a scan repeats at most this often in one poll; the next poll repeats it again
-MAX_RUN_ROWS = 999_999  # a scan's walked rows are counted up to this
+MAX_COUNTED_ROWS = 999_999  # a scan's walked rows are counted up to this
 # the row fields (the last seven) are absent from a cursor written before they were counted
 _WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)"
                     r"(?:,(\d{1,6}),([^,]+),(\d{1,6}),([^,]+),([^,]+),(\d{1,6}),(\d{1,6}))?$")
@@ -263,7 +263,7 @@ class Watch:
 
 
 def _capped(rows: int) -> int:
-    return min(rows, MAX_RUN_ROWS)
+    return min(rows, MAX_COUNTED_ROWS)
 
 
 @dataclass(frozen=True)
