@@ -97,7 +97,10 @@ def reanchor(next_link: str | None, first: datetime | None, last: datetime | Non
 # -- shifts: what a scan remembers so that a shift under its pages loses nothing ----------
 
 MAX_SHIFT_RESTARTS = 2  # a scan repeats at most this often in one poll; the next poll repeats it again
-_WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)$")
+MAX_COUNTED_ROWS = 999_999  # a scan's walked rows are counted up to this
+# the row fields (the last seven) are absent from a cursor written before they were counted
+_WATCH = re.compile(r"^(\d{1,24}|-),([^,]+),(\d{1,4}),([^,]+),([^,]+),([^,]+),([^,]+),(\d)"
+                    r"(?:,(\d{1,6}),([^,]+),(\d{1,6}),([^,]+),([^,]+),(\d{1,6}),(\d{1,6}))?$")
 Item = tuple[str, datetime]  # a listed item's immutable id and update time: the version a page shows
 
 
@@ -111,8 +114,12 @@ class Watch:
       skipped. Re-anchored pages cannot skip (`reanchor`), but a tie walk can; so the
       next scan starts no later than the first tie run walked and reads it once more. A
       walk that was itself a re-read (its bound at or before `upto`) is read again only
-      if an update was stamped after the walk began (the one way it can have shifted
-      back), so a re-read of an unchanged run ends.
+      if it can have shifted back: an update was stamped after the walk began, or the
+      scan did not list the windows its walks crossed as the scan it re-reads did
+      (`prior`: that scan's first and last walk bound and the rows between; a deletion or
+      a move out of the listing stamps no update, but the rows it shifted come back
+      fewer; a re-read with no count to compare is read once more, with its own). Rows
+      only leave past windows so often, so a re-read of unchanged runs ends.
     * forward (an item appeared before the position): the previous page's last item comes
       back in the same version (`last`: seen twice), or a page is shorter than the scan's pages before it
       (`size`: what the provider honours, which may be less than asked) though more follow;
@@ -129,6 +136,13 @@ class Watch:
     owed: datetime | None = None  # the bound of the first tie walk that is no re-read: read it again
     upto: datetime | None = None  # tie walks at or before this bound re-read the previous scan's
     restarts: int = 0
+    walk_rows: int = 0  # the rows this scan listed in the windows from `walk` to `walk_to`, each once
+    walk_to: datetime | None = None  # the bound of the last page whose offset link a walk of this scan followed
+    pending: int = 0  # the rows listed past `walk_to` since: `walk_rows` if a later walk page comes
+    prior: datetime | None = None  # `walk` of the walk this scan re-reads, as the scan before walked it
+    prior_to: datetime | None = None  # and its `walk_to`
+    prior_rows: int = 0  # and its `walk_rows`
+    again_rows: int = 0  # the rows this scan listed in the windows from `prior` to `prior_to`, each once
 
     def encode(self) -> str | None:
         """The cursor field, or None when there is nothing to remember."""
@@ -136,7 +150,10 @@ class Watch:
             return None
         last_id, last_at = self.last or (NONE, None)
         times = (format_time(t) for t in (self.walk, self.walk_from, self.owed, self.upto))
-        return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts)))
+        return ",".join((last_id, format_time(last_at, "microseconds"), str(self.size), *times, str(self.restarts),
+                         str(self.walk_rows), format_time(self.walk_to), str(self.pending),
+                         format_time(self.prior), format_time(self.prior_to), str(self.prior_rows),
+                         str(self.again_rows)))
 
     @classmethod
     def decode(cls, text: str | None) -> Watch:
@@ -145,14 +162,20 @@ class Watch:
         match = _WATCH.match(text)
         if not match:
             raise CursorError("the shift field of a cursor is not well formed")
-        last_id, last_at, size, *times, restarts = match.groups()
-        at, walk, walk_from, owed, upto = (parse_time(t) for t in (last_at, *times))
+        (last_id, last_at, size, *times, restarts, walk_rows, walk_to, pending, prior, prior_to, prior_rows,
+         again_rows) = match.groups()
+        at, walk, walk_from, owed, upto, walk_to, prior, prior_to = (
+            parse_time(t) for t in (last_at, *times, walk_to or NONE, prior or NONE, prior_to or NONE))
         if (last_id == NONE) != (at is None):
             raise CursorError("the shift field of a cursor has half an item")
         if int(restarts) > MAX_SHIFT_RESTARTS:
             raise CursorError("a cursor counts more shift restarts than a poll makes")
+        if ((walk_to is None and (int(walk_rows or 0) or int(pending or 0)))
+                or ((prior is None or prior_to is None) and (int(prior_rows or 0) or int(again_rows or 0)))):
+            raise CursorError("the shift field of a cursor counts the rows of no walk")
         last = None if at is None else (last_id, at)
-        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts))
+        return cls(last, int(size), walk, walk_from, owed, upto, int(restarts), int(walk_rows or 0), walk_to,
+                   int(pending or 0), prior, prior_to, int(prior_rows or 0), int(again_rows or 0))
 
     def shift_seen(self, items: Sequence[Item], more: bool) -> bool:
         """Whether this page, reached by an offset link or an opaque token (a first page and a
@@ -168,9 +191,8 @@ class Watch:
     def after_shift(self) -> Watch:
         """The watch of the same scan repeated from its own lower bound: at once (`repeats`) up to
         `MAX_SHIFT_RESTARTS` times, then at the next poll."""
-        if self.restarts < MAX_SHIFT_RESTARTS:
-            return Watch(upto=self.upto, restarts=self.restarts + 1)
-        return Watch(upto=self.upto)
+        again = Watch(upto=self.upto, prior=self.prior, prior_to=self.prior_to, prior_rows=self.prior_rows)
+        return replace(again, restarts=self.restarts + 1) if self.restarts < MAX_SHIFT_RESTARTS else again
 
     @property
     def repeats(self) -> bool:
@@ -188,6 +210,28 @@ class Watch:
         owed = self.owed if self.owed is not None or (self.upto is not None and bound <= self.upto) else bound
         return replace(self.followed(items), walk=self.walk or bound, walk_from=self.walk_from or served, owed=owed)
 
+    def counted(self, items: Sequence[Item], boundary: Callable[[datetime], datetime], *,
+                walked_to: datetime | None = None, anchor: datetime | None = None) -> Watch:
+        """After a page of this scan: its rows, each counted once (those a fresh first page
+        from `anchor` lists again are left to that page), in the windows of the walk this
+        scan re-reads (`again_rows`) and from this scan's first walk on (`walk_rows` up to
+        the last walk page's bound; rows past it wait in `pending` until a later walk page,
+        `walked_to` its bound, takes them in, since pages come in update order)."""
+        rows = [b for b in (boundary(at) for _, at in items) if anchor is None or b < anchor]
+        watch = self
+        if self.prior is not None:
+            again = sum(1 for b in rows if self.prior <= b <= self.prior_to)
+            watch = replace(watch, again_rows=_capped(self.again_rows + again))
+        if self.walk is None:
+            return watch
+        ours = [b for b in rows if b >= self.walk]
+        if walked_to is not None:  # every row of a walk page is inside its bound
+            return replace(watch, walk_rows=_capped(self.walk_rows + self.pending + len(ours)), walk_to=walked_to,
+                           pending=0)
+        inside = sum(1 for b in ours if b <= self.walk_to)
+        return replace(watch, walk_rows=_capped(self.walk_rows + inside),
+                       pending=_capped(self.pending + len(ours) - inside))
+
     def left(self) -> Watch:
         """After a fresh first page or a keyset link: no offset position to check."""
         return replace(self, last=None)
@@ -198,9 +242,28 @@ class Watch:
         reread = self.owed
         if self.walk is not None and hwm is not None and self.walk_from is not None and hwm >= self.walk_from:
             reread = self.walk  # an update stamped during a walk may have shifted it back
+        if self._rereads_unlike_before:
+            reread = self.walk  # a deletion during the walk may have shifted it back
         if reread is None:
             return None, Watch()
-        return reread, Watch(upto=hwm)
+        # a later walk owed behind a re-read that is read again stays owed: its rows come with its own re-read
+        upto = self.upto if self.owed not in (None, reread) else hwm
+        if reread != self.walk:  # a later walk: its rows were not counted, so its re-read is read once more
+            return reread, Watch(upto=upto)
+        return reread, Watch(upto=upto, prior=self.walk, prior_to=self.walk_to, prior_rows=self.walk_rows)
+
+    @property
+    def _rereads_unlike_before(self) -> bool:
+        """Whether this scan's first walk re-read a walk (the walk owed is another or none) but
+        did not list that walk's windows as the scan before did: fewer rows, or no count
+        of them to compare."""
+        if self.walk is None or self.owed == self.walk:
+            return False
+        return self.prior != self.walk or self.again_rows < self.prior_rows
+
+
+def _capped(rows: int) -> int:
+    return min(rows, MAX_COUNTED_ROWS)
 
 
 @dataclass(frozen=True)
@@ -228,11 +291,13 @@ def page_step(watch: Watch, *, items: Sequence[Item], served: datetime | None, n
     first, last = (items[0][1], items[-1][1]) if items else (None, None)
     anchor = reanchor(next_link, first, last, keyset_param=keyset_param, boundary=boundary)
     if anchor is not None:
-        return Step("anchor", watch.left(), anchor)
+        return Step("anchor", watch.left().counted(items, boundary, anchor=anchor), anchor)
     if more:
-        offset = last is not None and not is_keyset_link(next_link, keyset_param)
-        return Step("follow", watch.walked(boundary(last), served, items) if offset else watch.left())
-    reread, watch = watch.next_scan(hwm)
+        if last is not None and not is_keyset_link(next_link, keyset_param):  # a tie walk
+            bound = boundary(last)
+            return Step("follow", watch.walked(bound, served, items).counted(items, boundary, walked_to=bound))
+        return Step("follow", watch.left().counted(items, boundary))
+    reread, watch = watch.counted(items, boundary).next_scan(hwm)
     return Step("end", watch, reread)
 
 

@@ -8,8 +8,9 @@ later items back one position; following the page links would skip one issue old
 the high-water mark, and the next scan would start after it. The adapter must re-anchor
 instead: a fresh first page from the last item's time whenever the page spans more than
 its boundary window, and follow the page link only inside a tie run of at least a page,
-which the next scan reads once more (a deletion there shifts silently; the edit rows are
-in `tests/connectors/shifts.py`).
+which the next scan reads once more, and again while its walked windows come back with
+fewer rows (a deletion there shifts silently; the edit rows are in
+`tests/connectors/shifts.py`).
 
 Issues here are a minute apart (a millisecond apart the next scan's one-second overlap
 would re-read a skipped issue and hide the skip).
@@ -164,3 +165,91 @@ def test_a_deletion_inside_a_tie_run_while_it_is_walked_loses_no_issue(world):
     world.advance(120)
     third, _ = scan(world, adapter, page_size=100, cursor=tokens[-1])
     assert not {i.external_ref for i in third} & set(run)  # once, not on every scan
+
+
+def scan_deleting(world, adapter, *, cursor: str | None, page_size: int, after_pages: int, ref: str):
+    """One scan that deletes `ref` once `after_pages` of its pages were read; (issues, tokens)."""
+    issues, tokens = [], [cursor]
+    while True:
+        page, _ = executor().fetch(adapter, FetchIssuePage(cursor=tokens[-1], page_size=page_size))
+        issues += page.issues
+        tokens.append(page.next_cursor)
+        if len(tokens) - 1 == after_pages:
+            world.delete_issue(ref)
+        if page.exhausted:
+            return issues, tokens
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_tie_run_loses_no_issue(world):
+    adapter = world.adapter()
+    run = world.add_issues(25, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    # the first walk skips run[20]: a deletion after its second page shifts it onto that page
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=2, ref=run[3])
+    assert run[20] not in {i.external_ref for i in first}
+    for ref in run[4:13]:  # gone before the re-read: run[20] is now the first of the re-read's second page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read skips it too (a deletion after its first page), and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=1, ref=run[0])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # the run came back shorter: once more
+    listed = {i.external_ref for i in [*first, *second, *third]}
+    assert set(run[1:3] + run[13:] + tail) <= listed
+    world.advance(120)
+    fourth, _ = scan(world, adapter, page_size=10, cursor=tokens[-1])
+    assert not {i.external_ref for i in fourth} & set(run)  # an unchanged run is not read again
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_chain_of_tie_runs_loses_no_issue(world):
+    adapter = world.adapter()
+    first_run = world.add_issues(20, same_updated_at=True)  # two pages of one run, then one of the next:
+    world.advance(SPACING_S)                                # one walk across both runs' windows
+    second_run = world.add_issues(15, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    lost = second_run[10]
+    # the first walk skips it: a deletion after its third page shifts it onto that page
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=3, ref=second_run[0])
+    assert lost not in {i.external_ref for i in first}
+    for ref in second_run[1:10]:  # gone before the re-read: it is now the first of the re-read's third page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read skips it too (a deletion after its second page), and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=2, ref=first_run[0])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])  # the walk came back otherwise: once more
+    missing = set(first_run[1:] + second_run[10:] + tail) - {i.external_ref for i in [*first, *second, *third]}
+    assert not missing
+    rereads = []
+    for _ in range(3):
+        world.advance(120)
+        again, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])
+        rereads.append(bool({i.external_ref for i in again} & set(first_run + second_run)))
+    # once more (the third scan listed one row fewer than the second, which listed one deleted while it ran), then not
+    assert rereads == [True, False, False]
+
+
+def test_a_deletion_while_the_owed_reread_walks_a_later_tie_run_of_the_scan_loses_no_issue(world):
+    adapter = world.adapter()
+    first_run = world.add_issues(20, same_updated_at=True)
+    world.advance(SPACING_S)
+    between = spaced(world, 5)  # the pages re-anchor between the two walks
+    second_run = world.add_issues(25, same_updated_at=True)
+    world.advance(SPACING_S)
+    tail = spaced(world, 3)
+    lost = second_run[20]
+    # the second walk skips it: a deletion after that walk's second page (the scan's fifth)
+    first, tokens = scan_deleting(world, adapter, cursor=None, page_size=10, after_pages=5, ref=second_run[0])
+    assert lost not in {i.external_ref for i in first}
+    for ref in second_run[1:10]:  # gone before the re-read: it is now the first of that walk's second page
+        world.delete_issue(ref)
+    world.advance(120)
+    # the owed re-read (from the first walk) skips it too in the second walk, and no update says so
+    second, tokens = scan_deleting(world, adapter, cursor=tokens[-1], page_size=10, after_pages=4,
+                                   ref=second_run[10])
+    world.advance(120)
+    third, tokens = scan(world, adapter, page_size=10, cursor=tokens[-1])
+    missing = set(first_run + between + second_run[11:] + tail) - {i.external_ref for i in [*first, *second, *third]}
+    assert not missing

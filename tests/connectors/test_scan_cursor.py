@@ -101,11 +101,16 @@ PAGE = items(1, 10)
 
 def test_a_watch_round_trips_and_a_token_without_one_still_decodes():
     watch = Watch(last=("42", T + timedelta(microseconds=7)), size=100, walk=T, walk_from=T + timedelta(minutes=5),
-                  owed=T, upto=T + timedelta(minutes=6), restarts=1)
+                  owed=T, upto=T + timedelta(minutes=6), restarts=1, walk_rows=250, walk_to=T + timedelta(seconds=2),
+                  pending=4, prior=T, prior_to=T + timedelta(seconds=1), prior_rows=249, again_rows=7)
     assert Watch.decode(watch.encode()) == watch and Watch().encode() is None
     assert GitLabCursor.decode("gl1;n=3;since=-;from=-;hwm=-;next=-").watch == Watch()  # a token from before
+    assert Watch.decode("-,-,0,-,-,-,2026-11-01T09:00:00Z,0") == Watch(upto=T)  # a watch from before rows were counted
     for bad in ("42,-,100,-,-,-,-,0", "-,2026-11-01T09:00:00Z,1,-,-,-,-,0", "x,-,1,-,-,-,-,0",
-                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-"):
+                "-,-,1,-,-,-,-," + str(MAX_SHIFT_RESTARTS + 1), "-,-,1,noon,-,-,-,0", "-,-,1,-,-,-,-",
+                "-,-,1,-,-,-,-,0,0,-,0,-,-,7,0", "-,-,1,-,-,-,-,0,3,-,0,-,-,0,0", "-,-,1,-,-,-,-,0,0,-,2,-,-,0,0",
+                "-,-,1,-,-,-,-,0,0,-,0,-,-,0,5", "-,-,1,-,-,-,-,0,0,-,0,2026-11-01T09:00:00Z,-,3,0",
+                "-,-,1,-,-,-,-,0,0,-,0,-,-,0"):
         with pytest.raises(CursorError):
             Watch.decode(bad)
 
@@ -144,33 +149,92 @@ def walk(watch: Watch, bound: datetime, served: datetime, page=None) -> Watch:
                      boundary=exact, hwm=bound).watch
 
 
-def test_a_tie_walk_is_owed_one_reread_by_the_next_scan():
+def end(watch: Watch, page, hwm: datetime):
+    """The last page of a scan: (where the next scan starts at the latest, its watch)."""
+    step = page_step(watch, items=page, served=None, next_link=None, keyset_param="cursor", boundary=exact, hwm=hwm)
+    return step.anchor, step.watch
+
+
+AFTER = T + timedelta(minutes=9)
+LAST_PAGE = [*items(11, 13), *items(14, 15, AFTER)]  # the run's last 3 rows, then 2 later ones
+
+
+def test_a_tie_walk_is_owed_one_reread_by_the_next_scan_which_gets_its_rows():
     walked = walk(Watch(), T, T + timedelta(hours=1))
-    assert walked.owed == T and walked.last == ("10", T)
-    assert walked.next_scan(T + timedelta(minutes=1)) == (T, Watch(upto=T + timedelta(minutes=1)))
+    assert walked.owed == T and walked.last == ("10", T) and (walked.walk_rows, walked.walk_to) == (10, T)
+    assert end(walked, LAST_PAGE, AFTER) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
 
 
-def test_a_reread_walk_is_read_again_only_when_an_update_was_stamped_after_it_began():
+def test_a_reread_walk_that_lists_its_windows_as_before_ends_unless_an_update_was_stamped_after_it_began():
     began = T + timedelta(hours=1)
-    reread = walk(Watch(upto=T + timedelta(minutes=1)), T, began)
+    owed = Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13)
+    reread = walk(owed, T, began)
     assert reread.owed is None
-    assert reread.next_scan(T + timedelta(minutes=1)) == (None, Watch())  # unchanged: done
-    assert reread.next_scan(began + timedelta(seconds=1))[0] == T  # something changed while it was walked
+    assert end(reread, LAST_PAGE, AFTER) == (None, Watch())  # unchanged: done
+    assert end(reread, LAST_PAGE, began + timedelta(seconds=1))[0] == T  # something changed while it was walked
 
 
-def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread():
-    later = T + timedelta(minutes=9)
-    reread = walk(Watch(upto=T), T, T + timedelta(hours=1))
-    watch = walk(reread, later, T + timedelta(hours=1), page=items(11, 20, later))
-    assert watch.walk == T and watch.owed == later
+def test_a_reread_walk_whose_windows_came_back_with_fewer_rows_is_read_again_until_they_come_back_as_many():
+    began = T + timedelta(hours=1)
+    owed = Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=14)  # the scan before listed 14 rows there
+    reread, watch = end(walk(owed, T, began), LAST_PAGE, AFTER)  # 13 now, and no update was stamped: a deletion?
+    assert (reread, watch) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
+    assert end(walk(watch, T, began), LAST_PAGE, AFTER) == (None, Watch())  # as many as the last time: done
+
+
+def test_a_reread_walk_with_no_count_of_its_windows_is_read_once_more_with_its_own():
+    began = T + timedelta(hours=1)
+    for owed in (Watch(upto=AFTER), Watch(upto=AFTER, prior=T - timedelta(minutes=1), prior_to=T, prior_rows=1)):
+        reread, watch = end(walk(owed, T, began), LAST_PAGE, AFTER)
+        assert (reread, watch) == (T, Watch(upto=AFTER, prior=T, prior_to=T, prior_rows=13))
+        assert end(walk(watch, T, began), LAST_PAGE, AFTER) == (None, Watch())
+
+
+def test_the_rows_from_the_first_walk_to_the_last_walk_page_are_each_counted_once():
+    later = T + timedelta(seconds=1)
+    chain = walk(walk(Watch(), T, T), later, T, page=items(11, 20, later))  # one walk across two windows
+    assert (chain.walk, chain.walk_to, chain.walk_rows) == (T, later, 20)
+    anchored = page_step(chain, items=[*items(21, 22, later), *items(23, 30, AFTER)], served=None,
+                         next_link="/x?page=4", keyset_param="cursor", boundary=exact, hwm=AFTER)
+    assert anchored.kind == "anchor" and (anchored.watch.walk_rows, anchored.watch.pending) == (22, 0)  # 23-30 again
+    again = walk(anchored.watch, AFTER, T, page=items(23, 32, AFTER))  # a later walk: its rows count too
+    assert (again.walk_to, again.walk_rows) == (AFTER, 32)
+    beyond = T + timedelta(hours=2)
+    assert end(again, [*items(33, 34, AFTER), *items(35, 36, beyond)], beyond) == (
+        T, Watch(upto=beyond, prior=T, prior_to=AFTER, prior_rows=34))  # the rows past the last walk page wait
+
+
+def _reread_then_a_later_walk(prior_rows: int) -> Watch:
+    """A re-read of the walk at T (its windows counted 11 rows now), then a new walk at AFTER."""
+    began = T + timedelta(hours=1)
+    reread = walk(Watch(upto=T, prior=T, prior_to=T, prior_rows=prior_rows), T, began)
+    ended = page_step(reread, items=[*items(11, 11), *items(12, 20, AFTER)], served=None, next_link="/x?page=3",
+                      keyset_param="cursor", boundary=exact, hwm=AFTER)  # the re-read run ends, anchored
+    watch = walk(ended.watch, AFTER, began, page=items(21, 30, AFTER))
+    assert (watch.walk, watch.owed, watch.again_rows) == (T, AFTER, 11)
+    return watch
+
+
+def test_a_later_tie_walk_than_the_reread_is_owed_its_own_reread_which_is_then_read_once_more_with_its_rows():
+    watch = _reread_then_a_later_walk(prior_rows=11)
+    assert end(watch, items(31, 31, AFTER), AFTER) == (AFTER, Watch(upto=AFTER))  # its rows from AFTER: not counted
+
+
+def test_a_later_walk_owed_behind_a_reread_that_is_read_again_stays_owed():
+    watch = _reread_then_a_later_walk(prior_rows=12)  # the re-read's windows came back with fewer rows
+    assert end(watch, items(31, 31, AFTER), AFTER) == (
+        T, Watch(upto=T, prior=T, prior_to=AFTER, prior_rows=22))  # AFTER is past upto: still owed next time
 
 
 _FIELD = st.just("-") | st.text(alphabet=st.characters(min_codepoint=0x21, max_codepoint=0x7e, exclude_characters=","),
                                 min_size=1, max_size=30)
 _TIME = st.just("-") | st.datetimes(timezones=st.timezones()).map(datetime.isoformat) | _FIELD
-_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
+_COUNT = st.integers(min_value=0, max_value=10**7) | _FIELD
+_WATCH_LIKE = st.builds("{},{},{},{},{},{},{},{}{}".format, st.integers(min_value=0, max_value=10**30) | _FIELD, _TIME,
                         st.integers(min_value=0, max_value=10**5) | _FIELD, _TIME, _TIME, _TIME, _TIME,
-                        st.integers(min_value=0, max_value=12) | _FIELD)
+                        st.integers(min_value=0, max_value=12) | _FIELD,
+                        st.just("") | st.builds(",{},{},{},{},{},{},{}".format, _COUNT, _TIME, _COUNT, _TIME, _TIME,
+                                                _COUNT, _COUNT))
 
 
 @settings(max_examples=300, deadline=None)

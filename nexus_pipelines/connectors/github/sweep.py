@@ -2,9 +2,13 @@
 token, rate gate, client and strict mapping; this module is part of the GitHub package and
 reads its internals).
 
-Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=created&direction=asc&per_page=100`
-(creation order never changes, so a position never moves under the walk), then the
-`Link rel="next"` URLs exactly as given, inside the configured API. Every item with a
+Listing: `GET /repos/{owner}/{repo}/issues?state=all&sort=created&direction=asc&per_page=100&after=`
+(creation order never changes, so an edit moves no issue in it), then the `Link rel="next"`
+URLs exactly as given, inside the configured API. The empty `after=` asks for the cursor
+form (GitHub's way to get an initial cursor), so every next link is a keyset `after=`
+position: a deletion between two requests shifts no unread issue onto a page already read,
+and no page is too deep (GitHub refuses page numbers 1,000 rows deep with 422). A GitHub
+that answers page-number links anyway has them followed as given. Every item with a
 `pull_request` key is a pull request: counted as excluded, never listed. Reading a gap:
 `GET /repos/{owner}/{repo}/issues/{number}`, mapped exactly as a poll maps it; 404 and 410
 mean the issue is gone (deleted or transferred), a pull request is excluded.
@@ -77,7 +81,8 @@ class GitHubSweep:
             if isinstance(repo, Problem):
                 return fetch_failure(repo)
             url = f"{repo}/issues"
-            params = {"state": "all", "sort": "created", "direction": "asc", "per_page": request.page_size}
+            params = {"state": "all", "sort": "created", "direction": "asc", "per_page": request.page_size,
+                      "after": ""}
         headers = {"If-None-Match": request.validator} if request.validator else {}
         response = self._c.send("GET", url, deadline, "list_issues", params=params, headers=headers)
         if isinstance(response, Problem):

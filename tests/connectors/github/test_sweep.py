@@ -1,5 +1,6 @@
 """GitHub through the shared reconciliation-sweep rows (pull requests are excluded items), and
-the sweep's conditional requests, which only GitHub offers for its issue listing."""
+the sweep's conditional requests, which only GitHub offers for its issue listing; on a
+listing that links `after=` positions and on one that links page numbers."""
 
 import itertools
 
@@ -12,9 +13,9 @@ from tests.connectors.sweep_suite import JUDGE_ALL, drop_custody, lose_latest_ob
 _REPOSITORIES = itertools.count(REPOSITORY_ID)
 
 
-@pytest.fixture
-def make_world():
-    return lambda: GitHubWorld(repository_id=next(_REPOSITORIES))
+@pytest.fixture(params=["after", "page"])  # GitHub's keyset links, and a listing that links page numbers
+def make_world(request):
+    return lambda: GitHubWorld(repository_id=next(_REPOSITORIES), issue_paging=request.param)
 
 
 def _list_calls(world) -> int:
