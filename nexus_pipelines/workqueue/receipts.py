@@ -419,15 +419,14 @@ SELECT r.receipt_id
    FOR UPDATE OF r
 """
 
+# Each receipt's event ids travel as one array literal beside its id and token, so the
+# statement joins the held rows one to one (aggregating a flat list of event ids by receipt
+# planned as a nested loop over the whole batch for every row).
 _MARK_MATERIALIZED = """
 UPDATE ingress_receipts r
-   SET routing_status = 'materialized', enqueued_event_ids = COALESCE(e.event_ids, '{}'), materialized_at = now(),
+   SET routing_status = 'materialized', enqueued_event_ids = h.event_ids::bigint[], materialized_at = now(),
        router_lease_until = NULL, routing_error_class = NULL, routing_error = NULL, updated_at = now()
-  FROM unnest(%(receipts)s::bigint[], %(tokens)s::bigint[]) AS h(receipt_id, token)
-  LEFT JOIN (SELECT receipt_id, array_agg(event_id ORDER BY ord) AS event_ids
-               FROM unnest(%(event_receipts)s::bigint[], %(event_ids)s::bigint[])
-                    WITH ORDINALITY AS e(receipt_id, event_id, ord)
-              GROUP BY receipt_id) e USING (receipt_id)
+  FROM unnest(%(receipts)s::bigint[], %(tokens)s::bigint[], %(event_ids)s::text[]) AS h(receipt_id, token, event_ids)
  WHERE r.receipt_id = h.receipt_id AND r.router_token = h.token
 """
 
@@ -450,8 +449,7 @@ def materialize_batch(
         event_ids, _ = _insert_events_and_work(conn, [p for _, p in kept])
         conn.execute(_MARK_MATERIALIZED, {
             "receipts": [c.receipt_id for c, _ in kept], "tokens": [c.token for c, _ in kept],
-            "event_receipts": [c.receipt_id for (c, _), ids in zip(kept, event_ids) for _ in ids],
-            "event_ids": [i for ids in event_ids for i in ids],
+            "event_ids": ["{" + ",".join(map(str, ids)) + "}" for ids in event_ids],
         })
     return {c.receipt_id: ids for (c, _), ids in zip(kept, event_ids)}
 
