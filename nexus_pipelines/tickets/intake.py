@@ -72,6 +72,16 @@ def apply_observations(conn: Connection, observations: Sequence[Observation]) ->
     return results  # type: ignore[return-value] - every index belongs to one round
 
 
+def plan_for_current_sizes(conn: Connection) -> None:
+    """Plan the rest of the caller's transaction for the tables as they are now (call it before
+    `apply_observations`). The five foreign-key
+    checks of each new ticket (custody, facts, finding, observation -> tickets) run through
+    plans a connection caches: a generic plan made while `tickets` was analyzed near empty
+    scans it sequentially and is kept as the first sync grows it to thousands of rows (every
+    check then reads the whole table). A custom plan is made from the table's current size."""
+    conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+
+
 def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
     """Indexes split so no round holds one custody key twice: the k-th version of an issue goes
     to round k, so later versions see the effects of earlier ones."""
