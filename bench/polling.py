@@ -1,6 +1,7 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
     python bench/polling.py --provider gitlab|github|jira|both|all [--issues 10000] [--close-backs 200]
+                            [--analyze after-poll|none]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
@@ -9,9 +10,14 @@ simulator in process (its time is measured at the transport and subtracted):
    minute, 50 inside each minute) page by page through the code location's poll ticks,
    then route and drain them into tickets (`tickets_per_s` over `apply_s`: routing,
    `route_s`, plus the drain, `drain_s`, as a first sync takes them); `first_sync_own_s`
-   is the poll's own time (simulator time subtracted) plus `apply_s`; then N no-op work
-   items drained by the same drain (concurrency, claim batch, database) give
-   `noop_items_per_s`, so `apply_vs_noop` compares across machines;
+   is the poll's own time (simulator time subtracted) plus `apply_s`. With `--analyze
+   after-poll` (the default) the database is analyzed between the poll and the routing, as
+   autovacuum has by then in production (the receipts analyzed full, the ticket tables
+   empty); `--analyze none` routes and drains on tables never analyzed (`analyze` names
+   which). Then N no-op work items drained by the same drain (concurrency, claim batch,
+   server) give `noop_items_per_s`, so `apply_vs_noop` compares across machines; they run
+   in a database of their own, so their queue holds their own N items as the first sync's
+   held its N (not N more completed tickets' items beside them);
    `per_page_overhead_ms` is our own time per page of that sync: its wall time less the time
    spent inside the simulator's transport (parsing the request, listing, building the
    response), so what is left is the claim, the HTTP client and provider gate, the adapter's
@@ -256,14 +262,15 @@ def _expect(phase: str, what: str, got: int, wanted: int) -> None:
         raise BenchFailure(f"bench: {phase} made {got} {what}, expected {wanted}")
 
 
-def _noop_items_per_s(pool, items: int) -> float:
+def _noop_items_per_s(admin: str, name: str, items: int) -> float:
     """The bench's drain completing `items` no-op items (one source and one target lane each, like
-    ticket.observe) in the same database."""
+    ticket.observe) in a fresh database `name` on the same server."""
     from nexus_pipelines.workqueue import generations
     from nexus_pipelines.workqueue.handlers import NOOP, HandlerRegistry
     from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
 
     registration_id = "bench/noop"
+    _, pool = _database(admin, name)
     with pool.connection() as conn:
         generations.activate(conn, registration_id, 1, recorded_by="bench", route_versions={"bulk": 1})
         work = (NewWork(f"noop-{n}", "bench.noop", source_lane_key=f"s{n}", target_lane_key=f"t{n}")
@@ -272,8 +279,10 @@ def _noop_items_per_s(pool, items: int) -> float:
                                                                       revision=1), items)
     started = time.perf_counter()
     report = _drain_all(pool, HandlerRegistry({"bench.noop": NOOP}), registration_id, "no-op")
+    seconds = time.perf_counter() - started
+    pool.close()
     _expect("the no-op drain", "completed items", report.completed, items)
-    return round(items / (time.perf_counter() - started), 1)
+    return round(items / seconds, 1)
 
 
 def _sensor_tick_ms(dsn: str, pool, world, folder: Path) -> float:
@@ -357,6 +366,9 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
     fetch_s, commit_s = (sum(getattr(t, part) for t in report.ticks) for part in ("fetch_s", "commit_s"))
     rid = registration.registration_id
+    if args.analyze == "after-poll":
+        with pool.connection() as conn:
+            conn.execute("ANALYZE")
     started = time.perf_counter()
     plant.route()
     route_s = time.perf_counter() - started
@@ -366,7 +378,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     apply_s = route_s + drain_s
     with pool.connection() as conn:
         _expect("the first sync", "tickets", _rows(conn)["tickets"], args.issues)
-    noop_per_s = _noop_items_per_s(pool, args.issues)
+    noop_per_s = _noop_items_per_s(admin, f"bench_polling_{provider}_noop", args.issues)
 
     # 2. an unchanged re-poll
     with pool.connection() as conn:
@@ -416,6 +428,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "per_page_fetch_own_ms": round((fetch_s - sim_s) / max(pages, 1) * 1000, 2),
         "per_page_commit_ms": round(commit_s / max(pages, 1) * 1000, 2),
         "load_average": load,
+        "analyze": args.analyze,
         "route_s": round(route_s, 2),
         "drain_s": round(drain_s, 2),
         "apply_s": round(apply_s, 2),
@@ -476,7 +489,7 @@ def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
         conn.execute("DELETE FROM ticket_observations WHERE external_ref = ANY(%s)", (dropped,))
     lossy = _sweep_once(plant, registration, timed)
     plant.route()
-    plant.drain([registration.registration_id])
+    _drain_all(pool, plant.registry(), registration.registration_id, "sweep restore")
     with pool.connection() as conn:
         (restored,) = conn.execute(
             """SELECT count(*) FROM ticket_custody_links WHERE (tenant, registration_key) = (%s, %s)
@@ -578,6 +591,7 @@ def main() -> int:
     parser.add_argument("--provider", choices=[*sorted(PROVIDERS), *GROUPS], default="gitlab")
     parser.add_argument("--issues", type=int, default=10_000)
     parser.add_argument("--close-backs", type=int, default=CLOSE_BACKS)
+    parser.add_argument("--analyze", choices=["after-poll", "none"], default="after-poll")
     args = parser.parse_args()
 
     from nexus_pipelines.local.postgres import EmbeddedPostgres

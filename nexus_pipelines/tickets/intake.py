@@ -72,6 +72,17 @@ def apply_observations(conn: Connection, observations: Sequence[Observation]) ->
     return results  # type: ignore[return-value] - every index belongs to one round
 
 
+def plan_for_current_sizes(conn: Connection) -> None:
+    """Plan the rest of the caller's transaction for the tables as they are now (call it before
+    `apply_observations`). The five foreign-key checks of each new ticket (custody, facts,
+    finding, observation -> tickets) run through plans the connection caches: a plan made
+    while `tickets` was analyzed empty scans it sequentially, and kept while a first sync
+    grows the table to thousands of rows, every check reads all of it. Discarding the
+    connection's plans once a batch re-plans them for the current sizes (five times per
+    check, then a cached plan again) instead of for every check of every ticket."""
+    conn.execute("DISCARD PLANS")
+
+
 def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
     """Indexes split so no round holds one custody key twice: the k-th version of an issue goes
     to round k, so later versions see the effects of earlier ones."""

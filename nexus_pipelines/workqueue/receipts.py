@@ -305,6 +305,9 @@ class Route:
 RouteTable = Mapping[str, Route]  # route_key -> Route (an explicit registry)
 
 
+# The rows `due` locks are updated by primary key: this statement holds their locks, so their
+# status is the one `due` selected (re-testing it would let the planner join by scanning every
+# due receipt through the due index, which stale statistics say holds a row or two).
 _CLAIM_RECEIPTS = """
 WITH due AS (
     SELECT receipt_id, router_token
@@ -333,7 +336,6 @@ UPDATE ingress_receipts r
   FROM due
  WHERE r.receipt_id = due.receipt_id
    AND r.router_token IS NOT DISTINCT FROM due.router_token
-   AND r.routing_status IN ('pending', 'routing')
 RETURNING r.receipt_id, r.router_token, r.registration_id, r.revision, r.namespace, r.delivery_id, r.route_key,
           r.event_kind, r.body, r.body_ref, r.payload_hash, r.correlation, r.routing_attempts,
           r.max_routing_attempts, r.router_lease_until, r.routing_status
@@ -341,8 +343,14 @@ RETURNING r.receipt_id, r.router_token, r.registration_id, r.revision, r.namespa
 
 
 def claim_receipts(conn: Connection, *, owner: str, limit: int, lease_ttl: timedelta) -> list[ClaimedReceipt]:
-    """Claim due receipts (new, retry-due, or whose router lease expired)."""
-    rows = conn.execute(_CLAIM_RECEIPTS, {"owner": owner, "limit": limit, "ttl": lease_ttl}).fetchall()
+    """Claim due receipts (new, retry-due, or whose router lease expired).
+
+    The due receipts are taken in the due index's order, stopping at `limit`: without
+    statistics, a bitmap scan that fetches and sorts every due receipt looks cheaper, and
+    routing a backlog of N would read N rows for each batch."""
+    with conn.transaction():
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        rows = conn.execute(_CLAIM_RECEIPTS, {"owner": owner, "limit": limit, "ttl": lease_ttl}).fetchall()
     return [
         ClaimedReceipt(
             receipt_id=r[0], token=r[1], registration_id=r[2], revision=r[3], namespace=r[4], delivery_id=r[5],
@@ -490,15 +498,14 @@ SELECT r.receipt_id
    FOR UPDATE OF r
 """
 
+# Each receipt's event ids travel as one array literal beside its id and token, so the
+# statement joins the held rows one to one (aggregating a flat list of event ids by receipt
+# planned as a nested loop over the whole batch for every row).
 _MARK_MATERIALIZED = """
 UPDATE ingress_receipts r
-   SET routing_status = 'materialized', enqueued_event_ids = COALESCE(e.event_ids, '{}'), materialized_at = now(),
+   SET routing_status = 'materialized', enqueued_event_ids = h.event_ids::bigint[], materialized_at = now(),
        router_lease_until = NULL, routing_error_class = NULL, routing_error = NULL, updated_at = now()
-  FROM unnest(%(receipts)s::bigint[], %(tokens)s::bigint[]) AS h(receipt_id, token)
-  LEFT JOIN (SELECT receipt_id, array_agg(event_id ORDER BY ord) AS event_ids
-               FROM unnest(%(event_receipts)s::bigint[], %(event_ids)s::bigint[])
-                    WITH ORDINALITY AS e(receipt_id, event_id, ord)
-              GROUP BY receipt_id) e USING (receipt_id)
+  FROM unnest(%(receipts)s::bigint[], %(tokens)s::bigint[], %(event_ids)s::text[]) AS h(receipt_id, token, event_ids)
  WHERE r.receipt_id = h.receipt_id AND r.router_token = h.token
 """
 
@@ -521,8 +528,7 @@ def materialize_batch(
         event_ids, _ = _insert_events_and_work(conn, [p for _, p in kept])
         conn.execute(_MARK_MATERIALIZED, {
             "receipts": [c.receipt_id for c, _ in kept], "tokens": [c.token for c, _ in kept],
-            "event_receipts": [c.receipt_id for (c, _), ids in zip(kept, event_ids) for _ in ids],
-            "event_ids": [i for ids in event_ids for i in ids],
+            "event_ids": ["{" + ",".join(map(str, ids)) + "}" for ids in event_ids],
         })
     return {c.receipt_id: ids for (c, _), ids in zip(kept, event_ids)}
 

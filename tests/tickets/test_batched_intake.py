@@ -157,3 +157,35 @@ def test_a_round_of_new_issues_is_applied_in_one_statement_and_known_ones_in_one
     assert counting.statements == 2
     with pool.connection() as conn:
         assert counts(conn, registration)["observations"] == 25
+
+
+def _tickets_seq_scans(one) -> int:
+    """Sequential scans of `tickets` so far, those of the pool's one connection included."""
+    with one.connection() as conn:
+        conn.execute("SELECT pg_stat_force_next_flush()")  # flushed when this statement ends
+        conn.execute("SELECT pg_stat_clear_snapshot()")
+        return conn.execute("SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'tickets'").fetchone()[0]
+
+
+def test_a_first_sync_drained_after_tickets_was_analyzed_empty_checks_new_tickets_by_index(pool, control_dsn):
+    """An ANALYZE (autovacuum's) of the still empty `tickets` table must not leave the drain's
+    connection checking each new ticket's foreign keys with a scan of the whole table, as a
+    generic plan cached while the table was empty does once the sync has grown it."""
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.control.db import make_pool
+    from nexus_pipelines.local.worlds.plant import executor
+
+    plant = Plant(GitLabWorld(), pool)
+    _, _, items = _claimed(plant, "analyzed-empty", 1500)
+    one = make_pool(control_dsn, max_size=1)  # every batch on the connection that caches the plans
+    try:
+        handlers = type(plant.handlers)(one, REGISTRY, plant.composer, executor_factory=executor)
+        with one.connection() as conn:
+            conn.execute("ANALYZE tickets")
+        for start in range(0, 1400, 100):
+            assert set(handlers.observe_batch(items[start:start + 100])) == {"created"}
+        before = _tickets_seq_scans(one)
+        assert set(handlers.observe_batch(items[1400:])) == {"created"}
+        assert _tickets_seq_scans(one) - before == 0
+    finally:
+        one.close()

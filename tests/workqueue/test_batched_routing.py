@@ -58,7 +58,7 @@ def test_a_batch_of_many_receipts_is_routed_in_as_many_statements_as_a_batch_of_
 
     one, many = statements(f"{reg}-one", 1), statements(f"{reg}-many", 60)
     assert many == one
-    assert one <= 7, one  # claim, hold, events, event ids, generations, work items, mark
+    assert one <= 8, one  # the claim's plan setting, claim, hold, events, event ids, generations, work items, mark
 
 
 def test_a_receipt_whose_lease_was_lost_changes_nothing_and_the_others_commit(control_conn, control_dsn, reg):
