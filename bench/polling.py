@@ -15,9 +15,8 @@ simulator in process (its time is measured at the transport and subtracted):
    autovacuum has by then in production (the receipts analyzed full, the ticket tables
    empty); `--analyze none` routes and drains on tables never analyzed (`analyze` names
    which). Then N no-op work items drained by the same drain (concurrency, claim batch,
-   server) give `noop_items_per_s`, so `apply_vs_noop` compares across machines; they run
-   in a database of their own, so their queue holds their own N items as the first sync's
-   held its N (not N more completed tickets' items beside them);
+   database, beside the first sync's completed items) give `noop_items_per_s`, so
+   `apply_vs_noop` compares across machines;
    `per_page_overhead_ms` is our own time per page of that sync: its wall time less the time
    spent inside the simulator's transport (parsing the request, listing, building the
    response), so what is left is the claim, the HTTP client and provider gate, the adapter's
@@ -262,15 +261,14 @@ def _expect(phase: str, what: str, got: int, wanted: int) -> None:
         raise BenchFailure(f"bench: {phase} made {got} {what}, expected {wanted}")
 
 
-def _noop_items_per_s(admin: str, name: str, items: int) -> float:
+def _noop_items_per_s(pool, items: int) -> float:
     """The bench's drain completing `items` no-op items (one source and one target lane each, like
-    ticket.observe) in a fresh database `name` on the same server."""
+    ticket.observe) in the same database."""
     from nexus_pipelines.workqueue import generations
     from nexus_pipelines.workqueue.handlers import NOOP, HandlerRegistry
     from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
 
     registration_id = "bench/noop"
-    _, pool = _database(admin, name)
     with pool.connection() as conn:
         generations.activate(conn, registration_id, 1, recorded_by="bench", route_versions={"bulk": 1})
         work = (NewWork(f"noop-{n}", "bench.noop", source_lane_key=f"s{n}", target_lane_key=f"t{n}")
@@ -280,7 +278,6 @@ def _noop_items_per_s(admin: str, name: str, items: int) -> float:
     started = time.perf_counter()
     report = _drain_all(pool, HandlerRegistry({"bench.noop": NOOP}), registration_id, "no-op")
     seconds = time.perf_counter() - started
-    pool.close()
     _expect("the no-op drain", "completed items", report.completed, items)
     return round(items / seconds, 1)
 
@@ -378,7 +375,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     apply_s = route_s + drain_s
     with pool.connection() as conn:
         _expect("the first sync", "tickets", _rows(conn)["tickets"], args.issues)
-    noop_per_s = _noop_items_per_s(admin, f"bench_polling_{provider}_noop", args.issues)
+    noop_per_s = _noop_items_per_s(pool, args.issues)
 
     # 2. an unchanged re-poll
     with pool.connection() as conn:
