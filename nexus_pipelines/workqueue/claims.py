@@ -179,12 +179,12 @@ WITH gens AS MATERIALIZED (
        FOR KEY SHARE OF g
 ),
 cand AS (
-    SELECT c.work_id, c.lease_token, c.registration_id, c.target_lane_key
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
       FROM gens g
      CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.registration_id, f.target_lane_key
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
         FROM (
-        SELECT w.work_id, w.lease_token, w.registration_id, w.target_lane_key
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key
           FROM connector_work_items w
          WHERE w.registration_id = g.registration_id
            AND w.revision = g.revision
@@ -226,8 +226,8 @@ pick AS (
     -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
     -- this claim gets: two claims in flight never insert the same in-flight lane key
     -- (which would make one wait on the other in the unique index)
-    SELECT work_id, lease_token
-      FROM (SELECT work_id, lease_token, registration_id, target_lane_key,
+    SELECT work_id, lease_token, state
+      FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
      WHERE target_lane_key IS NULL
@@ -244,8 +244,12 @@ UPDATE connector_work_items w
        claimed_at = now(),
        updated_at = now()
   FROM pick{{payload_from}}
+ -- the compare-and-swap: the state and token the candidate was seen with. Compared with
+ -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
+ -- drive the update from the due index (every due item, once per pick) when statistics
+ -- taken while the queue was empty say it holds one row
  WHERE w.work_id = pick.work_id
-   AND w.state IN {sql_in(CLAIMABLE)}
+   AND w.state = pick.state
    AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
 RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
           w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}

@@ -11,6 +11,7 @@ from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
 from nexus_pipelines.workqueue.retry import RetryPolicy
 
 from .conftest import enqueue, expire_leases, items, state_of
+from .support import claim_plan, work_item_rows_read
 
 TTL = timedelta(seconds=30)
 
@@ -326,3 +327,25 @@ def test_an_item_reclaimed_before_its_holder_started_it_is_recorded_unstarted(co
     assert control_conn.execute(
         "SELECT state, attempts, unstarted_attempts FROM connector_work_items WHERE work_id = %s", (item.work_id,)
     ).fetchone() == ("retry", 1, 1)
+
+
+# --- claim cost ----------------------------------------------------------------------------
+
+
+def test_claim_cost_does_not_follow_due_items_the_statistics_missed(control_conn, reg):
+    """Statistics taken while every item was finished (a queue between bursts) must not
+    let the claim's compare-and-swap walk every due item: it looks up its picks by key."""
+    with control_conn.transaction():
+        enqueue(control_conn, reg, [NewWork(f"old{i}-{reg}", "t", source_lane_key=f"o{i}", target_lane_key=f"o{i}")
+                                    for i in range(2000)])
+        control_conn.execute("UPDATE connector_work_items SET state = 'completed', finished_at = now()"
+                             " WHERE registration_id = %s", (reg,))
+        control_conn.execute("ANALYZE connector_work_items")
+        enqueue(control_conn, reg, [NewWork(f"new{i}-{reg}", "t", source_lane_key=f"n{i}", target_lane_key=f"n{i}")
+                                    for i in range(2000)])
+        # due by the transaction's clock (now() is its start)
+        control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s"
+                             " AND state = 'pending'", (reg,))
+        plan = claim_plan(control_conn, reg, 10)
+        assert plan["Actual Rows"] == 10 and work_item_rows_read(plan) <= 100, plan
+        raise psycopg.Rollback()
