@@ -92,6 +92,12 @@ from nexus_pipelines.workqueue.states import (
 # below deadlock_timeout (1 s by default), so a claim never stays in a lock cycle.
 CLAIM_LOCK_BUDGET_MS = 50
 
+# Most advisory locks one claim holds until it commits: a try-lock per candidate and one
+# per target lane it takes (at most one per candidate). They live in the lock table every
+# session shares (max_locks_per_transaction x connections), so a claim takes at most half
+# this many candidates, whatever its batch (a drain claims the rest next time).
+CLAIM_MAX_LOCKS = 500
+
 class LeaseFlag:
     """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
 
@@ -293,10 +299,13 @@ def claim_batch(
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected the statement, or it ran out of its lock
     budget); the caller simply claims again (it is not a sign of an idle queue).
-    `scan_factor` times `limit` candidates are locked, of which at most `limit` are taken.
+    `scan_factor` times `limit` candidates are locked (at most CLAIM_MAX_LOCKS / 2), of which
+    at most `limit` are taken.
     """
     if limit <= 0:
         return []
+    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2)
+    limit = min(limit, scan)
     key = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     sql = _CLAIM_SQL_CACHE.get(key)
     if sql is None:
@@ -307,7 +316,7 @@ def claim_batch(
         "owner": owner,
         "ttl": lease_ttl,
         "limit": limit,
-        "scan": limit * max(scan_factor, 1),
+        "scan": scan,
         "classes": list(queue_classes or ()),
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),

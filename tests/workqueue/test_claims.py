@@ -349,3 +349,16 @@ def test_claim_cost_does_not_follow_due_items_the_statistics_missed(control_conn
         plan = claim_plan(control_conn, reg, 10)
         assert plan["Actual Rows"] == 10 and work_item_rows_read(plan) <= 100, plan
         raise psycopg.Rollback()
+
+
+def test_a_large_claim_holds_at_most_the_lock_cap(control_conn, reg):
+    """A claim of 1,000 used to hold two advisory locks per item (candidate and target lane):
+    its locks are capped, and the items past the cap are left for the next claim."""
+    enqueue(control_conn, reg, [NewWork(f"L{i}-{reg}", "t", target_lane_key=f"t{i}") for i in range(600)])
+    with control_conn.transaction():
+        first = claim(control_conn, reg, 1000)
+        (held,) = control_conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone()
+    assert held <= claims.CLAIM_MAX_LOCKS and len(first) == claims.CLAIM_MAX_LOCKS // 2
+    rest = claim(control_conn, reg, 1000) + claim(control_conn, reg, 1000)
+    assert len(rest) == 600 - len(first)
