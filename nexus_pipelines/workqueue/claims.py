@@ -41,6 +41,18 @@ So `attempts - unstarted_attempts` attempts may have dispatched (a holder that d
 counts as dispatched), which is both the attempt budget and what a rollback fence
 reads to tell a pre-dispatch retry from one with a prior dispatch.
 
+Parking: items of a target lane that runs an item wait at the front of the claim order
+(others drain past them), so a claim that walked them all on every call slowed every
+other lane by a hot lane's backlog. A claim parks the due items it meets of a busy target
+lane that has an earlier unparked claimable item: it parks that lane's backlog, all but
+its first unparked item, up to PARK_BATCH items per claim (`parked`: they leave the
+walk's index, into one grouped by target lane). The first item stays in the walk, so a
+lane with one waiting item is never written, and a busy lane costs a walk one row. Each claim also looks at the first due item of every
+parked lane that runs nothing (one probe per parked lane, whatever its backlog) and takes
+it like any candidate, clearing the flag. A parked item stays pending (its source lane
+position, counts and gates are unchanged). A claim that parked items but took none
+returns `LaneRaceLost`: due work remains.
+
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
   claimable, and the partial unique index `connector_work_items_running` (every
@@ -176,32 +188,15 @@ class ReclaimReport:
     dead: int
 
 
-_CLAIM = f"""
-WITH gens AS MATERIALIZED (
-    SELECT g.registration_id, g.revision
-      FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
-           workqueue_generations g
-     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
-       FOR KEY SHARE OF g
-),
-cand AS (
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
-      FROM gens g
-     CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
-        FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key
-          FROM connector_work_items w
-         WHERE w.registration_id = g.registration_id
-           AND w.revision = g.revision
-           AND w.state IN {sql_in(CLAIMABLE)}
-           AND w.run_after <= now()
-           {{class_filter}}
-           {{type_filter}}
-           -- Lane probes. The OR keeps each probe a subplan (a flattened anti-join would
-           -- read every candidate before the LIMIT); the IS NOT NULL terms let the probes
-           -- use the partial lane indexes.
-           AND (w.source_lane_key IS NULL OR (NOT EXISTS (
+# Most items of one busy target lane a claim parks (one statement's writes stay bounded).
+PARK_BATCH = 2000
+
+_CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
+
+# Lane probes of a due item `w`. The OR keeps each probe a subplan (a flattened anti-join
+# would read every candidate before the LIMIT); the IS NOT NULL terms let the probes use
+# the partial lane indexes.
+_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR (NOT EXISTS (
                 SELECT 1 FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
@@ -212,21 +207,130 @@ cand AS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id
                    AND r.source_lane_key = w.source_lane_key
-                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))
-           AND (w.target_lane_key IS NULL OR NOT EXISTS (
+                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))"""
+
+
+def _target_busy(registration: str, lane: str) -> str:
+    return f"""EXISTS (
                 SELECT 1 FROM connector_work_items t
-                 WHERE t.registration_id = w.registration_id
-                   AND t.target_lane_key = w.target_lane_key
+                 WHERE t.registration_id = {registration}
+                   AND t.target_lane_key = {lane}
                    AND t.target_lane_key IS NOT NULL
-                   AND t.state = '{RUNNING}'))
+                   AND t.state = '{RUNNING}')"""
+
+
+_CLAIM = f"""
+WITH RECURSIVE gens AS MATERIALIZED (
+    SELECT g.registration_id, g.revision
+      FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
+           workqueue_generations g
+     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
+       FOR KEY SHARE OF g
+),
+walk AS (
+    -- unparked due items in claim order that are source lane heads: the ones this claim
+    -- can take, each held by its try-lock (see "Candidate locks"), and the ones it parks
+    -- (`blocked`: their target lane is busy and has an earlier claimable item)
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key, c.blocked
+      FROM gens g
+     CROSS JOIN LATERAL (
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key, f.blocked
+        FROM (
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key,
+               (w.target_lane_key IS NOT NULL AND {_target_busy("w.registration_id", "w.target_lane_key")}) AS blocked
+          FROM connector_work_items w
+         WHERE w.registration_id = g.registration_id
+           AND w.revision = g.revision
+           AND NOT w.parked
+           AND w.state IN {sql_in(CLAIMABLE)}
+           AND w.run_after <= now()
+           {{class_filter}}
+           {{type_filter}}
+           AND {_SOURCE_HEAD}
          ORDER BY w.queue_class, w.run_after, w.work_id
         OFFSET 0) f
-       -- the claim's hold on a candidate until it commits (see "Candidate locks"); OFFSET 0
-       -- keeps it out of the scan's filter, so it runs only on rows that passed the lane
-       -- probes (the planner would evaluate the cheap lock before the probes)
-       WHERE pg_try_advisory_xact_lock((f.work_id >> 31)::int, (f.work_id & 2147483647)::int)
+       -- OFFSET 0 keeps the try-lock out of the scan's filter, so it runs only on rows that
+       -- passed the lane probes (the planner would evaluate the cheap lock before the probes)
+       WHERE CASE WHEN f.blocked THEN EXISTS (
+                SELECT 1 FROM connector_work_items e
+                 WHERE e.registration_id = f.registration_id
+                   AND e.target_lane_key = f.target_lane_key
+                   AND e.work_id < f.work_id
+                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked)
+             ELSE {_CANDIDATE_LOCK.format(a="f")} END
        LIMIT %(scan)s
      ) c
+),
+lanes AS (
+    -- the parked target lanes of each generation, one index probe per lane
+    SELECT g.registration_id, g.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+      FROM gens g
+    UNION ALL
+    SELECT l.registration_id, l.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+),
+parked_heads AS (
+    -- the first parked item of each parked lane that runs nothing, if it is due and its
+    -- source lane's head
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
+      -- the busy check as a scalar subquery: one probe per parked lane (an EXISTS would
+      -- become a join reading every running item)
+      FROM (SELECT registration_id, revision, lane FROM lanes
+             WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
+            OFFSET 0) l
+     CROSS JOIN LATERAL (
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
+        FROM (
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key
+          FROM connector_work_items w
+         WHERE w.registration_id = l.registration_id
+           AND w.revision = l.revision
+           AND w.target_lane_key = l.lane
+           AND w.parked
+           AND w.state IN {sql_in(CLAIMABLE)}
+           AND w.run_after <= now()
+           {{class_filter}}
+           {{type_filter}}
+           AND {_SOURCE_HEAD}
+         ORDER BY w.queue_class, w.run_after, w.work_id
+        OFFSET 0) f
+       WHERE {_CANDIDATE_LOCK.format(a="f")}
+       LIMIT 1
+     ) c
+     LIMIT %(parked_scan)s
+),
+park AS (
+    -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
+    -- of a lane per claim (its first unparked item stays). By key (an array, so the
+    -- update is driven by the primary key); items that were taken or parked since they
+    -- were seen are skipped.
+    UPDATE connector_work_items w
+       SET parked = true
+     WHERE w.work_id = ANY (ARRAY(
+            SELECT e.work_id
+              FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) lane
+             CROSS JOIN LATERAL (
+                SELECT e.work_id FROM connector_work_items e
+                 WHERE e.registration_id = lane.registration_id
+                   AND e.target_lane_key = lane.target_lane_key
+                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked
+                 ORDER BY e.work_id
+                OFFSET 1 LIMIT {PARK_BATCH}) e))
+       AND w.state IN {sql_in(CLAIMABLE)}
+       AND NOT w.parked
+    RETURNING 1
+),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
+    UNION ALL
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
 ),
 pick AS (
     -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
@@ -240,25 +344,32 @@ pick AS (
         OR (lane_rank = 1
             AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
      LIMIT %(limit)s
+),
+taken AS (
+    UPDATE connector_work_items w
+       SET state = '{RUNNING}',
+           lease_owner = %(owner)s,
+           lease_token = nextval('workqueue_tokens'),
+           lease_until = now() + %(ttl)s,
+           attempts = w.attempts + 1,
+           parked = false,
+           claimed_at = now(),
+           updated_at = now()
+      FROM pick{{payload_from}}
+     -- the compare-and-swap: the state and token the candidate was seen with. Compared with
+     -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
+     -- drive the update from the due index (every due item, once per pick) when statistics
+     -- taken while the queue was empty say it holds one row
+     WHERE w.work_id = pick.work_id
+       AND w.state = pick.state
+       AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
+    RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
+              w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
 )
-UPDATE connector_work_items w
-   SET state = '{RUNNING}',
-       lease_owner = %(owner)s,
-       lease_token = nextval('workqueue_tokens'),
-       lease_until = now() + %(ttl)s,
-       attempts = w.attempts + 1,
-       claimed_at = now(),
-       updated_at = now()
-  FROM pick{{payload_from}}
- -- the compare-and-swap: the state and token the candidate was seen with. Compared with
- -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
- -- drive the update from the due index (every due item, once per pick) when statistics
- -- taken while the queue was empty say it holds one row
- WHERE w.work_id = pick.work_id
-   AND w.state = pick.state
-   AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
-RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
-          w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
+-- one row at least: the items taken, and how many this claim parked
+SELECT taken.*, parked.n
+  FROM (SELECT count(*) AS n FROM park) parked
+  LEFT JOIN taken ON true
 """
 
 
@@ -298,13 +409,16 @@ def claim_batch(
 
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected the statement, or it ran out of its lock
-    budget); the caller simply claims again (it is not a sign of an idle queue).
-    `scan_factor` times `limit` candidates are locked (at most CLAIM_MAX_LOCKS / 2), of which
-    at most `limit` are taken.
+    budget), or when it took nothing but parked a busy lane's items; the caller simply
+    claims again (it is not a sign of an idle queue). The walk visits `scan_factor` times
+    `limit` items, the parked lanes give at most `limit` more candidates, of which at
+    most `limit` are taken; both are capped so that the claim's locks stay within
+    CLAIM_MAX_LOCKS (two per candidate: its own and its target lane's).
     """
     if limit <= 0:
         return []
-    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2)
+    parked_scan = min(limit, CLAIM_MAX_LOCKS // 10)
+    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2 - parked_scan)
     limit = min(limit, scan)
     key = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     sql = _CLAIM_SQL_CACHE.get(key)
@@ -317,6 +431,7 @@ def claim_batch(
         "ttl": lease_ttl,
         "limit": limit,
         "scan": scan,
+        "parked_scan": parked_scan,
         "classes": list(queue_classes or ()),
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),
@@ -325,6 +440,8 @@ def claim_batch(
         rows = conn.execute(sql, params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
+    if rows[0][0] is None:  # nothing taken: the one row says how many items were parked
+        return LaneRaceLost() if rows[0][-1] else []
     return [
         ClaimedItem(
             work_id=r[0],

@@ -64,7 +64,7 @@ def _plan(conn, sql: str, params: dict) -> str:
 def test_claim_plan_uses_indexes_and_no_seq_scan(big_queue, classes):
     sql = claim_sql(queue_classes=classes is not None, work_types=True, registrations=True, with_payload=True)
     params = {
-        "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "classes": classes or [],
+        "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "parked_scan": 50, "classes": classes or [],
         "types": ["t"], "registrations": ["big"],
     }
     plan = _plan(big_queue, sql, params)
@@ -88,9 +88,11 @@ def _nodes(plan):
 def test_claim_on_the_big_queue_returns_lane_heads(big_queue):
     from nexus_pipelines.workqueue.claims import claim_batch
 
-    got = claim_batch(big_queue, owner="w", limit=100, lease_ttl=timedelta(seconds=30), registration_ids=["big"])
-    assert len(got) == 100
-    assert len({i.source_lane_key for i in got}) == 100
+    got = []
+    for _ in range(5):  # a claim that parks busy lanes' backlogs takes fewer: the drain claims again
+        got += claim_batch(big_queue, owner="w", limit=100, lease_ttl=timedelta(seconds=30), registration_ids=["big"])
+    assert len(got) >= 100
+    assert len({i.source_lane_key for i in got}) == len(got)
     targets = [i.target_lane_key for i in got if i.target_lane_key]
     assert len(targets) == len(set(targets))
 
