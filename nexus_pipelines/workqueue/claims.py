@@ -43,15 +43,16 @@ reads to tell a pre-dispatch retry from one with a prior dispatch.
 
 Parking: items of a target lane that runs an item wait at the front of the claim order
 (others drain past them), so a claim that walked them all on every call slowed every
-other lane by a hot lane's backlog. A claim parks the due items it meets of a busy target
-lane that has an earlier unparked claimable item: it parks that lane's backlog, all but
-its first unparked item, up to PARK_BATCH items per claim (`parked`: they leave the
-walk's index, into one grouped by target lane). The first item stays in the walk, so a
-lane with one waiting item is never written, and a busy lane costs a walk one row. Each claim also looks at the first due item of every
-parked lane that runs nothing (one probe per parked lane, whatever its backlog) and takes
-it like any candidate, clearing the flag. A parked item stays pending (its source lane
-position, counts and gates are unchanged). A claim that parked items but took none
-returns `LaneRaceLost`: due work remains.
+other lane by a hot lane's backlog. A claim that meets a due item of a busy target lane
+with an earlier unparked claimable item parks that lane's backlog: all but its first
+unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's index,
+into one grouped by target lane). The first item stays in the walk, so a lane with one
+waiting item is never written, and a busy lane costs a walk one row. Each claim also
+looks at the first due item of every parked lane that runs nothing (one probe per parked
+lane, whatever its backlog) and takes it like any candidate, clearing the flag. A parked
+item stays pending (its source lane position, counts and gates are unchanged). A claim
+that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
+the items behind a source lane's head (the walk still passes over them).
 
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
