@@ -189,8 +189,10 @@ class ReclaimReport:
     dead: int
 
 
-# Most items of one busy target lane a claim parks (one statement's writes stay bounded).
+# Most items of one busy target lane a claim parks (one statement's writes stay bounded),
+# and most candidates it takes from parked lanes.
 PARK_BATCH = 2000
+PARKED_LANES = 50
 
 _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
 
@@ -305,7 +307,7 @@ parked_heads AS (
        WHERE {_CANDIDATE_LOCK.format(a="f")}
        LIMIT 1
      ) c
-     LIMIT %(parked_scan)s
+     LIMIT {PARKED_LANES}
 ),
 park AS (
     -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
@@ -412,14 +414,13 @@ def claim_batch(
     partial unique lane indexes rejected the statement, or it ran out of its lock
     budget), or when it took nothing but parked a busy lane's items; the caller simply
     claims again (it is not a sign of an idle queue). The walk visits `scan_factor` times
-    `limit` items, the parked lanes give at most `limit` more candidates, of which at
+    `limit` items, the parked lanes give at most PARKED_LANES more candidates, of which at
     most `limit` are taken; both are capped so that the claim's locks stay within
     CLAIM_MAX_LOCKS (two per candidate: its own and its target lane's).
     """
     if limit <= 0:
         return []
-    parked_scan = min(limit, CLAIM_MAX_LOCKS // 10)
-    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2 - parked_scan)
+    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2 - PARKED_LANES)
     limit = min(limit, scan)
     key = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     sql = _CLAIM_SQL_CACHE.get(key)
@@ -432,7 +433,6 @@ def claim_batch(
         "ttl": lease_ttl,
         "limit": limit,
         "scan": scan,
-        "parked_scan": parked_scan,
         "classes": list(queue_classes or ()),
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),

@@ -168,7 +168,7 @@ def claim_plan(conn: Connection, reg: str, limit: int) -> dict:
     the caller runs it in a transaction it rolls back."""
     conn.execute("SET LOCAL enable_seqscan = off")
     sql = claims.claim_sql(registrations=True, with_payload=True)
-    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": limit, "scan": limit, "parked_scan": limit, "classes": [],
+    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": limit, "scan": limit, "classes": [],
               "types": [], "registrations": [reg]}
     cur = psycopg.ClientCursor(conn)
     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)

@@ -64,7 +64,7 @@ def _plan(conn, sql: str, params: dict) -> str:
 def test_claim_plan_uses_indexes_and_no_seq_scan(big_queue, classes):
     sql = claim_sql(queue_classes=classes is not None, work_types=True, registrations=True, with_payload=True)
     params = {
-        "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "parked_scan": 50, "classes": classes or [],
+        "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "classes": classes or [],
         "types": ["t"], "registrations": ["big"],
     }
     plan = _plan(big_queue, sql, params)
