@@ -160,9 +160,8 @@ def test_a_claim_holds_no_row_lock_on_candidates_it_did_not_take(control_conn, c
 
 
 def test_a_claim_locks_no_candidate_its_lane_probes_rejected(control_conn, reg):
-    """Items of a busy target lane are passed over without a candidate lock: the claims that
-    park its backlog lock only what they park, and once parked it costs a claim no
-    lock-table entries."""
+    """Items of a busy target lane are passed over without a candidate lock (parking one
+    takes none either), so a hot lane's backlog costs a claim no lock-table entries."""
     enqueue(control_conn, reg, [NewWork(f"h{i}-{reg}", "t", source_lane_key=f"s{i}", target_lane_key="hot")
                                 for i in range(50)])
     assert len(claim(control_conn, reg, 10)) == 1  # the hot lane is now busy
