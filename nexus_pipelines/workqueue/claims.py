@@ -222,17 +222,57 @@ def _target_busy(registration: str, lane: str) -> str:
                    AND t.state = '{RUNNING}')"""
 
 
-_CLAIM = f"""
-WITH RECURSIVE gens AS MATERIALIZED (
+_GENS = f"""gens AS MATERIALIZED (
     SELECT g.registration_id, g.revision
       FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
            workqueue_generations g
      WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
        FOR KEY SHARE OF g
+)"""
+
+# The candidates `cand` of either statement, one per target lane taken, compared and set.
+_TAKE = f"""pick AS (
+    -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
+    -- this claim gets: two claims in flight never insert the same in-flight lane key
+    -- (which would make one wait on the other in the unique index)
+    SELECT work_id, lease_token, state
+      FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
+                   row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
+              FROM cand) ranked
+     WHERE target_lane_key IS NULL
+        OR (lane_rank = 1
+            AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
+     LIMIT %(limit)s
 ),
+taken AS (
+    UPDATE connector_work_items w
+       SET state = '{RUNNING}',
+           lease_owner = %(owner)s,
+           lease_token = nextval('workqueue_tokens'),
+           lease_until = now() + %(ttl)s,
+           attempts = w.attempts + 1,
+           parked = false,
+           claimed_at = now(),
+           updated_at = now()
+      FROM pick{{payload_from}}
+     -- the compare-and-swap: the state and token the candidate was seen with. Compared with
+     -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
+     -- drive the update from the due index (every due item, once per pick) when statistics
+     -- taken while the queue was empty say it holds one row
+     WHERE w.work_id = pick.work_id
+       AND w.state = pick.state
+       AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
+    RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
+              w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
+)"""
+
+# The claim every call runs: the walk and nothing of the parked lanes but one probe, so
+# its plan stays the cacheable one of a plain walk (see "Parking").
+_CLAIM = f"""
+WITH {_GENS},
 walk AS (
     -- unparked due items in claim order that are source lane heads: the ones this claim
-    -- can take, each held by its try-lock (see "Candidate locks"), and the ones it parks
+    -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
     -- (`blocked`: their target lane is busy and has an earlier claimable item)
     SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key, c.blocked
       FROM gens g
@@ -264,6 +304,26 @@ walk AS (
        LIMIT %(scan)s
      ) c
 ),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
+),
+{_TAKE}
+-- one row at least: the items taken, the busy lanes to park, and whether any lane is parked
+SELECT taken.*, busy.registrations, busy.lanes, busy.parked_waiting
+  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
+               -- the parked lanes' first probe, one index probe per generation
+               (SELECT bool_or((SELECT min(p.target_lane_key) FROM connector_work_items p
+                                 WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+                                   AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) IS NOT NULL)
+                  FROM gens g) AS parked_waiting
+          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
+  LEFT JOIN taken ON true
+"""
+
+# Run only after a claim met a busy lane to park or a parked lane exists: parks the lanes
+# the walk met and takes the first due item of each parked lane that runs nothing.
+_CLAIM_PARKED = f"""
+WITH RECURSIVE {_GENS},
 lanes AS (
     -- the parked target lanes of each generation, one index probe per lane
     SELECT g.registration_id, g.revision,
@@ -318,7 +378,7 @@ park AS (
        SET parked = true
      WHERE w.work_id = ANY (ARRAY(
             SELECT e.work_id
-              FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) lane
+              FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[]) AS lane(registration_id, target_lane_key)
              CROSS JOIN LATERAL (
                 SELECT e.work_id FROM connector_work_items e
                  WHERE e.registration_id = lane.registration_id
@@ -331,44 +391,9 @@ park AS (
     RETURNING 1
 ),
 cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
-    UNION ALL
     SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
 ),
-pick AS (
-    -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
-    -- this claim gets: two claims in flight never insert the same in-flight lane key
-    -- (which would make one wait on the other in the unique index)
-    SELECT work_id, lease_token, state
-      FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
-                   row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
-              FROM cand) ranked
-     WHERE target_lane_key IS NULL
-        OR (lane_rank = 1
-            AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
-     LIMIT %(limit)s
-),
-taken AS (
-    UPDATE connector_work_items w
-       SET state = '{RUNNING}',
-           lease_owner = %(owner)s,
-           lease_token = nextval('workqueue_tokens'),
-           lease_until = now() + %(ttl)s,
-           attempts = w.attempts + 1,
-           parked = false,
-           claimed_at = now(),
-           updated_at = now()
-      FROM pick{{payload_from}}
-     -- the compare-and-swap: the state and token the candidate was seen with. Compared with
-     -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
-     -- drive the update from the due index (every due item, once per pick) when statistics
-     -- taken while the queue was empty say it holds one row
-     WHERE w.work_id = pick.work_id
-       AND w.state = pick.state
-       AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
-    RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
-              w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
-)
+{_TAKE}
 -- one row at least: the items taken, and how many this claim parked
 SELECT taken.*, parked.n
   FROM (SELECT count(*) AS n FROM park) parked
@@ -377,9 +402,11 @@ SELECT taken.*, parked.n
 
 
 def claim_sql(
-    *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True
+    *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
+    parked: bool = False,
 ) -> str:
-    return _CLAIM.format(
+    """The claim statement (`parked`: the one that parks busy lanes and takes parked lanes' heads)."""
+    return (_CLAIM_PARKED if parked else _CLAIM).format(
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
@@ -389,7 +416,7 @@ def claim_sql(
     )
 
 
-_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool], str] = {}
+_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, bool], str] = {}
 
 # A claim that meets one of these lost a race for a lane (or ran out of its lock budget
 # waiting for one): it wrote nothing, and due work may remain.
@@ -408,10 +435,13 @@ def claim_batch(
     with_payload: bool = True,
     scan_factor: int = 1,
 ) -> list[ClaimedItem]:
-    """Claim up to `limit` due items of active WorkItem-owned generations in one statement.
+    """Claim up to `limit` due items of active WorkItem-owned generations.
 
+    One statement walks the unparked items; only when its walk met a busy lane to park, or
+    a lane is parked, a second one (its own transaction, or a savepoint in the caller's)
+    parks those lanes and takes parked lanes' heads with the rest of the batch.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
-    partial unique lane indexes rejected the statement, or it ran out of its lock
+    partial unique lane indexes rejected a statement, or it ran out of its lock
     budget), or when it took nothing but parked a busy lane's items; the caller simply
     claims again (it is not a sign of an idle queue). The walk visits `scan_factor` times
     `limit` items, the parked lanes give at most PARKED_LANES more candidates, of which at
@@ -422,12 +452,6 @@ def claim_batch(
         return []
     scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2 - PARKED_LANES)
     limit = min(limit, scan)
-    key = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
-    sql = _CLAIM_SQL_CACHE.get(key)
-    if sql is None:
-        sql = _CLAIM_SQL_CACHE[key] = claim_sql(
-            queue_classes=key[0], work_types=key[1], registrations=key[2], with_payload=with_payload
-        )
     params = {
         "owner": owner,
         "ttl": lease_ttl,
@@ -437,12 +461,38 @@ def claim_batch(
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),
     }
+    filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
-        rows = conn.execute(sql, params, prepare=True).fetchall()
+        rows = conn.execute(_claim_statement(*filters, parked=False), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    if rows[0][0] is None:  # nothing taken: the one row says how many items were parked
-        return LaneRaceLost() if rows[0][-1] else []
+    busy_registrations, busy_lanes, parked_waiting = rows[0][-3:]
+    items = _claimed(rows, with_payload)
+    if not (busy_lanes or (parked_waiting and len(items) < limit)):
+        return items
+    params.update(limit=limit - len(items), busy_registrations=busy_registrations or [], busy_lanes=busy_lanes or [])
+    try:
+        with conn.transaction():
+            rows = conn.execute(_claim_statement(*filters, parked=True), params, prepare=True).fetchall()
+    except _LANE_RACE_ERRORS:
+        return items or LaneRaceLost()
+    items += _claimed(rows, with_payload)
+    return items if items or not rows[0][-1] else LaneRaceLost()
+
+
+def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, parked: bool) -> str:
+    key = (queue_classes, work_types, registrations, with_payload, parked)
+    sql = _CLAIM_SQL_CACHE.get(key)
+    if sql is None:
+        sql = _CLAIM_SQL_CACHE[key] = claim_sql(
+            queue_classes=queue_classes, work_types=work_types, registrations=registrations,
+            with_payload=with_payload, parked=parked,
+        )
+    return sql
+
+
+def _claimed(rows: list[tuple], with_payload: bool) -> list[ClaimedItem]:
+    """The items a claim statement took (a row without an item: it took none)."""
     return [
         ClaimedItem(
             work_id=r[0],
@@ -461,6 +511,7 @@ def claim_batch(
             payload=r[13] if with_payload else None,
         )
         for r in rows
+        if r[0] is not None
     ]
 
 
