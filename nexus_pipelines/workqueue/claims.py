@@ -49,7 +49,11 @@ unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's
 into one grouped by target lane). The first item stays in the walk, so a lane with one
 waiting item is never written, and a busy lane costs a walk one row. Each claim also
 looks at the first due item of every parked lane that runs nothing (one probe per parked
-lane, whatever its backlog) and takes it like any candidate, clearing the flag. A parked
+lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
+(`_CLAIM`, every call) only reports the busy lanes it met and whether a lane is parked;
+parking and the parked lanes (`_CLAIM_PARKED`) run as a second statement only then, so
+the common claim keeps a plain walk's plan (one statement doing both was planned afresh
+on every call). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
 the items behind a source lane's head (the walk still passes over them).
@@ -193,6 +197,8 @@ class ReclaimReport:
 # and most candidates it takes from parked lanes.
 PARK_BATCH = 2000
 PARKED_LANES = 50
+# Most items one claim's walk visits: the rest of the lock cap.
+WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES
 
 _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
 
@@ -276,7 +282,7 @@ walk AS (
     -- (`blocked`: their target lane is busy and has an earlier claimable item)
     SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key, c.blocked
       FROM gens g
-     CROSS JOIN LATERAL (
+     CROSS JOIN LATERAL (SELECT * FROM (
       SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key, f.blocked
         FROM (
         SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key,
@@ -301,6 +307,10 @@ walk AS (
                    AND e.work_id < f.work_id
                    AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked)
              ELSE {_CANDIDATE_LOCK.format(a="f")} END
+       -- the constant bound is what the planner costs the walk by: under a parameter
+       -- alone it assumes a tenth of the due items, which made a cached generic plan look
+       -- dearer than a custom one and got the claim planned afresh on every call
+       LIMIT {WALK_MAX}) capped
        LIMIT %(scan)s
      ) c
 ),
@@ -450,7 +460,7 @@ def claim_batch(
     """
     if limit <= 0:
         return []
-    scan = min(limit * max(scan_factor, 1), CLAIM_MAX_LOCKS // 2 - PARKED_LANES)
+    scan = min(limit * max(scan_factor, 1), WALK_MAX)
     limit = min(limit, scan)
     params = {
         "owner": owner,
