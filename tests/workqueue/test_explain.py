@@ -158,3 +158,18 @@ def test_lease_counts_read_only_the_running_rows_index(big_queue):
     scans = {(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in _nodes(cur.fetchone()[0])}
     on_items = {s for s in scans if s[1] == "connector_work_items"}
     assert on_items and {s[2] for s in on_items} == {"connector_work_items_running"}, scans
+
+
+def test_the_claim_statement_is_planned_once_and_then_cached(big_queue, control_dsn):
+    """The claim every call runs, at a drain's full batch, keeps a cached generic plan (after
+    the server's five custom ones) instead of being planned afresh each time."""
+    from nexus_pipelines.control.db import connect
+    from nexus_pipelines.workqueue.claims import claim_batch
+
+    with connect(control_dsn) as conn, conn.transaction(force_rollback=True):  # its own prepared statements
+        for _ in range(10):
+            claim_batch(conn, owner="w", limit=100, lease_ttl=timedelta(seconds=30), registration_ids=["big"])
+        (generic, custom) = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%walk AS%%' AND statement NOT LIKE '%%WITH RECURSIVE%%'").fetchone()
+    assert custom <= 5 and generic >= 5, (generic, custom)
