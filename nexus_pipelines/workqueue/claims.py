@@ -41,6 +41,23 @@ So `attempts - unstarted_attempts` attempts may have dispatched (a holder that d
 counts as dispatched), which is both the attempt budget and what a rollback fence
 reads to tell a pre-dispatch retry from one with a prior dispatch.
 
+Parking: items of a target lane that runs an item wait at the front of the claim order
+(others drain past them), so a claim that walked them all on every call slowed every
+other lane by a hot lane's backlog. A claim that meets a due item of a busy target lane
+with an earlier unparked claimable item parks that lane's backlog: all but its first
+unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's index,
+into one grouped by target lane). The first item stays in the walk, so a lane with one
+waiting item is never written, and a busy lane costs a walk one row. Each claim also
+looks at the first due item of every parked lane that runs nothing (one probe per parked
+lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
+(`_CLAIM`, every call) only reports the busy lanes it met and whether a lane is parked;
+parking and the parked lanes (`_CLAIM_PARKED`) run as a second statement only then, so
+the common claim keeps a plain walk's plan (one statement doing both was planned afresh
+on every call). A parked
+item stays pending (its source lane position, counts and gates are unchanged). A claim
+that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
+the items behind a source lane's head (the walk still passes over them).
+
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
   claimable, and the partial unique index `connector_work_items_running` (every
@@ -91,6 +108,12 @@ from nexus_pipelines.workqueue.states import (
 # Longest a claim statement waits for any lock (gate locks, lane index checks); well
 # below deadlock_timeout (1 s by default), so a claim never stays in a lock cycle.
 CLAIM_LOCK_BUDGET_MS = 50
+
+# Most advisory locks one claim holds until it commits: a try-lock per candidate and one
+# per target lane it takes (at most one per candidate). They live in the lock table every
+# session shares (max_locks_per_transaction x connections), so a claim takes at most half
+# this many candidates, whatever its batch (a drain claims the rest next time).
+CLAIM_MAX_LOCKS = 500
 
 class LeaseFlag:
     """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
@@ -170,32 +193,19 @@ class ReclaimReport:
     dead: int
 
 
-_CLAIM = f"""
-WITH gens AS MATERIALIZED (
-    SELECT g.registration_id, g.revision
-      FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
-           workqueue_generations g
-     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
-       FOR KEY SHARE OF g
-),
-cand AS (
-    SELECT c.work_id, c.lease_token, c.registration_id, c.target_lane_key
-      FROM gens g
-     CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.registration_id, f.target_lane_key
-        FROM (
-        SELECT w.work_id, w.lease_token, w.registration_id, w.target_lane_key
-          FROM connector_work_items w
-         WHERE w.registration_id = g.registration_id
-           AND w.revision = g.revision
-           AND w.state IN {sql_in(CLAIMABLE)}
-           AND w.run_after <= now()
-           {{class_filter}}
-           {{type_filter}}
-           -- Lane probes. The OR keeps each probe a subplan (a flattened anti-join would
-           -- read every candidate before the LIMIT); the IS NOT NULL terms let the probes
-           -- use the partial lane indexes.
-           AND (w.source_lane_key IS NULL OR (NOT EXISTS (
+# Most items of one busy target lane a claim parks (one statement's writes stay bounded),
+# and most candidates it takes from parked lanes.
+PARK_BATCH = 2000
+PARKED_LANES = 50
+# Most items one claim's walk visits: the rest of the lock cap.
+WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES
+
+_CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
+
+# Lane probes of a due item `w`. The OR keeps each probe a subplan (a flattened anti-join
+# would read every candidate before the LIMIT); the IS NOT NULL terms let the probes use
+# the partial lane indexes.
+_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR (NOT EXISTS (
                 SELECT 1 FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
@@ -206,56 +216,207 @@ cand AS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id
                    AND r.source_lane_key = w.source_lane_key
-                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))
-           AND (w.target_lane_key IS NULL OR NOT EXISTS (
+                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))"""
+
+
+def _target_busy(registration: str, lane: str) -> str:
+    return f"""EXISTS (
                 SELECT 1 FROM connector_work_items t
-                 WHERE t.registration_id = w.registration_id
-                   AND t.target_lane_key = w.target_lane_key
+                 WHERE t.registration_id = {registration}
+                   AND t.target_lane_key = {lane}
                    AND t.target_lane_key IS NOT NULL
-                   AND t.state = '{RUNNING}'))
-         ORDER BY w.queue_class, w.run_after, w.work_id
-        OFFSET 0) f
-       -- the claim's hold on a candidate until it commits (see "Candidate locks"); OFFSET 0
-       -- keeps it out of the scan's filter, so it runs only on rows that passed the lane
-       -- probes (the planner would evaluate the cheap lock before the probes)
-       WHERE pg_try_advisory_xact_lock((f.work_id >> 31)::int, (f.work_id & 2147483647)::int)
-       LIMIT %(scan)s
-     ) c
-),
-pick AS (
+                   AND t.state = '{RUNNING}')"""
+
+
+_GENS = f"""gens AS MATERIALIZED (
+    SELECT g.registration_id, g.revision
+      FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
+           workqueue_generations g
+     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
+       FOR KEY SHARE OF g
+)"""
+
+# The candidates `cand` of either statement, one per target lane taken, compared and set.
+_TAKE = f"""pick AS (
     -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
     -- this claim gets: two claims in flight never insert the same in-flight lane key
     -- (which would make one wait on the other in the unique index)
-    SELECT work_id, lease_token
-      FROM (SELECT work_id, lease_token, registration_id, target_lane_key,
+    SELECT work_id, lease_token, state
+      FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
      WHERE target_lane_key IS NULL
         OR (lane_rank = 1
             AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
      LIMIT %(limit)s
-)
-UPDATE connector_work_items w
-   SET state = '{RUNNING}',
-       lease_owner = %(owner)s,
-       lease_token = nextval('workqueue_tokens'),
-       lease_until = now() + %(ttl)s,
-       attempts = w.attempts + 1,
-       claimed_at = now(),
-       updated_at = now()
-  FROM pick{{payload_from}}
- WHERE w.work_id = pick.work_id
-   AND w.state IN {sql_in(CLAIMABLE)}
-   AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
-RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
-          w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
+),
+taken AS (
+    UPDATE connector_work_items w
+       SET state = '{RUNNING}',
+           lease_owner = %(owner)s,
+           lease_token = nextval('workqueue_tokens'),
+           lease_until = now() + %(ttl)s,
+           attempts = w.attempts + 1,
+           parked = false,
+           claimed_at = now(),
+           updated_at = now()
+      FROM pick{{payload_from}}
+     -- the compare-and-swap: the state and token the candidate was seen with. Compared with
+     -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
+     -- drive the update from the due index (every due item, once per pick) when statistics
+     -- taken while the queue was empty say it holds one row
+     WHERE w.work_id = pick.work_id
+       AND w.state = pick.state
+       AND w.lease_token IS NOT DISTINCT FROM pick.lease_token{{payload_join}}
+    RETURNING w.work_id, w.lease_token, w.event_id, w.registration_id, w.revision, w.work_type, w.queue_class,
+              w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
+)"""
+
+# The claim every call runs: the walk and nothing of the parked lanes but one probe, so
+# its plan stays the cacheable one of a plain walk (see "Parking").
+_CLAIM = f"""
+WITH {_GENS},
+walk AS (
+    -- unparked due items in claim order that are source lane heads: the ones this claim
+    -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
+    -- (`blocked`: their target lane is busy and has an earlier claimable item)
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key, c.blocked
+      FROM gens g
+     CROSS JOIN LATERAL (SELECT * FROM (
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key, f.blocked
+        FROM (
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key,
+               (w.target_lane_key IS NOT NULL AND {_target_busy("w.registration_id", "w.target_lane_key")}) AS blocked
+          FROM connector_work_items w
+         WHERE w.registration_id = g.registration_id
+           AND w.revision = g.revision
+           AND NOT w.parked
+           AND w.state IN {sql_in(CLAIMABLE)}
+           AND w.run_after <= now()
+           {{class_filter}}
+           {{type_filter}}
+           AND {_SOURCE_HEAD}
+         ORDER BY w.queue_class, w.run_after, w.work_id
+        OFFSET 0) f
+       -- OFFSET 0 keeps the try-lock out of the scan's filter, so it runs only on rows that
+       -- passed the lane probes (the planner would evaluate the cheap lock before the probes)
+       WHERE CASE WHEN f.blocked THEN EXISTS (
+                SELECT 1 FROM connector_work_items e
+                 WHERE e.registration_id = f.registration_id
+                   AND e.target_lane_key = f.target_lane_key
+                   AND e.work_id < f.work_id
+                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked)
+             ELSE {_CANDIDATE_LOCK.format(a="f")} END
+       -- the constant bound is what the planner costs the walk by: under a parameter
+       -- alone it assumes a tenth of the due items, which made a cached generic plan look
+       -- dearer than a custom one and got the claim planned afresh on every call
+       LIMIT {WALK_MAX}) capped
+       LIMIT %(scan)s
+     ) c
+),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
+),
+{_TAKE}
+-- one row at least: the items taken, the busy lanes to park, and whether any lane is parked
+SELECT taken.*, busy.registrations, busy.lanes, busy.parked_waiting
+  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
+               -- the parked lanes' first probe, one index probe per generation
+               (SELECT bool_or((SELECT min(p.target_lane_key) FROM connector_work_items p
+                                 WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+                                   AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) IS NOT NULL)
+                  FROM gens g) AS parked_waiting
+          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
+  LEFT JOIN taken ON true
+"""
+
+# Run only after a claim met a busy lane to park or a parked lane exists: parks the lanes
+# the walk met and takes the first due item of each parked lane that runs nothing.
+_CLAIM_PARKED = f"""
+WITH RECURSIVE {_GENS},
+lanes AS (
+    -- the parked target lanes of each generation, one index probe per lane
+    SELECT g.registration_id, g.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+      FROM gens g
+    UNION ALL
+    SELECT l.registration_id, l.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+),
+parked_heads AS (
+    -- the first parked item of each parked lane that runs nothing, if it is due and its
+    -- source lane's head
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
+      -- the busy check as a scalar subquery: one probe per parked lane (an EXISTS would
+      -- become a join reading every running item)
+      FROM (SELECT registration_id, revision, lane FROM lanes
+             WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
+            OFFSET 0) l
+     CROSS JOIN LATERAL (
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
+        FROM (
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key
+          FROM connector_work_items w
+         WHERE w.registration_id = l.registration_id
+           AND w.revision = l.revision
+           AND w.target_lane_key = l.lane
+           AND w.parked
+           AND w.state IN {sql_in(CLAIMABLE)}
+           AND w.run_after <= now()
+           {{class_filter}}
+           {{type_filter}}
+           AND {_SOURCE_HEAD}
+         ORDER BY w.queue_class, w.run_after, w.work_id
+        OFFSET 0) f
+       WHERE {_CANDIDATE_LOCK.format(a="f")}
+       LIMIT 1
+     ) c
+     LIMIT {PARKED_LANES}
+),
+park AS (
+    -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
+    -- of a lane per claim (its first unparked item stays). By key (an array, so the
+    -- update is driven by the primary key); items that were taken or parked since they
+    -- were seen are skipped.
+    UPDATE connector_work_items w
+       SET parked = true
+     WHERE w.work_id = ANY (ARRAY(
+            SELECT e.work_id
+              FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[]) AS lane(registration_id, target_lane_key)
+             CROSS JOIN LATERAL (
+                SELECT e.work_id FROM connector_work_items e
+                 WHERE e.registration_id = lane.registration_id
+                   AND e.target_lane_key = lane.target_lane_key
+                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked
+                 ORDER BY e.work_id
+                OFFSET 1 LIMIT {PARK_BATCH}) e))
+       AND w.state IN {sql_in(CLAIMABLE)}
+       AND NOT w.parked
+    RETURNING 1
+),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
+),
+{_TAKE}
+-- one row at least: the items taken, and how many this claim parked
+SELECT taken.*, parked.n
+  FROM (SELECT count(*) AS n FROM park) parked
+  LEFT JOIN taken ON true
 """
 
 
 def claim_sql(
-    *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True
+    *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
+    parked: bool = False,
 ) -> str:
-    return _CLAIM.format(
+    """The claim statement (`parked`: the one that parks busy lanes and takes parked lanes' heads)."""
+    return (_CLAIM_PARKED if parked else _CLAIM).format(
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
@@ -265,7 +426,7 @@ def claim_sql(
     )
 
 
-_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool], str] = {}
+_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, bool], str] = {}
 
 # A claim that meets one of these lost a race for a lane (or ran out of its lock budget
 # waiting for one): it wrote nothing, and due work may remain.
@@ -284,34 +445,64 @@ def claim_batch(
     with_payload: bool = True,
     scan_factor: int = 1,
 ) -> list[ClaimedItem]:
-    """Claim up to `limit` due items of active WorkItem-owned generations in one statement.
+    """Claim up to `limit` due items of active WorkItem-owned generations.
 
+    One statement walks the unparked items; only when its walk met a busy lane to park, or
+    a lane is parked, a second one (its own transaction, or a savepoint in the caller's)
+    parks those lanes and takes parked lanes' heads with the rest of the batch.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
-    partial unique lane indexes rejected the statement, or it ran out of its lock
-    budget); the caller simply claims again (it is not a sign of an idle queue).
-    `scan_factor` times `limit` candidates are locked, of which at most `limit` are taken.
+    partial unique lane indexes rejected a statement, or it ran out of its lock
+    budget), or when it took nothing but parked a busy lane's items; the caller simply
+    claims again (it is not a sign of an idle queue). The walk visits `scan_factor` times
+    `limit` items, the parked lanes give at most PARKED_LANES more candidates, of which at
+    most `limit` are taken; both are capped so that the claim's locks stay within
+    CLAIM_MAX_LOCKS (two per candidate: its own and its target lane's).
     """
     if limit <= 0:
         return []
-    key = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
-    sql = _CLAIM_SQL_CACHE.get(key)
-    if sql is None:
-        sql = _CLAIM_SQL_CACHE[key] = claim_sql(
-            queue_classes=key[0], work_types=key[1], registrations=key[2], with_payload=with_payload
-        )
+    scan = min(limit * max(scan_factor, 1), WALK_MAX)
+    limit = min(limit, scan)
     params = {
         "owner": owner,
         "ttl": lease_ttl,
         "limit": limit,
-        "scan": limit * max(scan_factor, 1),
+        "scan": scan,
         "classes": list(queue_classes or ()),
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),
     }
+    filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
-        rows = conn.execute(sql, params, prepare=True).fetchall()
+        rows = conn.execute(_claim_statement(*filters, parked=False), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
+    busy_registrations, busy_lanes, parked_waiting = rows[0][-3:]
+    items = _claimed(rows, with_payload)
+    if not (busy_lanes or (parked_waiting and len(items) < limit)):
+        return items
+    params.update(limit=limit - len(items), busy_registrations=busy_registrations or [], busy_lanes=busy_lanes or [])
+    try:
+        with conn.transaction():
+            rows = conn.execute(_claim_statement(*filters, parked=True), params, prepare=True).fetchall()
+    except _LANE_RACE_ERRORS:
+        return items or LaneRaceLost()
+    items += _claimed(rows, with_payload)
+    return items if items or not rows[0][-1] else LaneRaceLost()
+
+
+def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, parked: bool) -> str:
+    key = (queue_classes, work_types, registrations, with_payload, parked)
+    sql = _CLAIM_SQL_CACHE.get(key)
+    if sql is None:
+        sql = _CLAIM_SQL_CACHE[key] = claim_sql(
+            queue_classes=queue_classes, work_types=work_types, registrations=registrations,
+            with_payload=with_payload, parked=parked,
+        )
+    return sql
+
+
+def _claimed(rows: list[tuple], with_payload: bool) -> list[ClaimedItem]:
+    """The items a claim statement took (a row without an item: it took none)."""
     return [
         ClaimedItem(
             work_id=r[0],
@@ -330,6 +521,7 @@ def claim_batch(
             payload=r[13] if with_payload else None,
         )
         for r in rows
+        if r[0] is not None
     ]
 
 

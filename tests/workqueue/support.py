@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
+import psycopg
 from psycopg import Connection
 from psycopg.pq import TransactionStatus
 
@@ -158,3 +160,30 @@ class CountingConnection:
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
+
+
+def claim_plan(conn: Connection, reg: str, limit: int) -> dict:
+    """The executed plan (EXPLAIN ANALYZE, JSON) of one claim of `reg`'s items, planned as on
+    a large table (no sequential scans: a test's table is small enough to read whole);
+    the caller runs it in a transaction it rolls back."""
+    conn.execute("SET LOCAL enable_seqscan = off")
+    sql = claims.claim_sql(registrations=True, with_payload=True)
+    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": limit, "scan": limit, "classes": [],
+              "types": [], "registrations": [reg]}
+    cur = psycopg.ClientCursor(conn)
+    cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+    return cur.fetchone()[0][0]["Plan"]
+
+
+def work_item_rows_read(plan: dict) -> int:
+    """Rows the plan's scans of connector_work_items read (returned or filtered out), over all
+    their loops, plus the rows its joins read and dropped: what a claim walked."""
+    stack, total = [plan], 0
+    while stack:
+        node = stack.pop()
+        loops = node.get("Actual Loops", 0)
+        if node.get("Relation Name") == "connector_work_items" and node["Node Type"] != "ModifyTable":
+            total += int((node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * loops)
+        total += int(node.get("Rows Removed by Join Filter", 0) * loops)
+        stack.extend(node.get("Plans", []))
+    return total

@@ -11,6 +11,7 @@ from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
 from nexus_pipelines.workqueue.retry import RetryPolicy
 
 from .conftest import enqueue, expire_leases, items, state_of
+from .support import claim_plan, work_item_rows_read
 
 TTL = timedelta(seconds=30)
 
@@ -159,11 +160,14 @@ def test_a_claim_holds_no_row_lock_on_candidates_it_did_not_take(control_conn, c
 
 
 def test_a_claim_locks_no_candidate_its_lane_probes_rejected(control_conn, reg):
-    """Items of a busy target lane are passed over without a lock: a hot lane's backlog
-    costs a claim no lock-table entries."""
+    """Items of a busy target lane are passed over without a candidate lock (parking one
+    takes none either), so a hot lane's backlog costs a claim no lock-table entries."""
     enqueue(control_conn, reg, [NewWork(f"h{i}-{reg}", "t", source_lane_key=f"s{i}", target_lane_key="hot")
                                 for i in range(50)])
     assert len(claim(control_conn, reg, 10)) == 1  # the hot lane is now busy
+    while isinstance(got := claim(control_conn, reg, 10), claims.LaneRaceLost):  # parking, 10 per claim
+        pass
+    assert got == []
     with control_conn.transaction():
         assert claim(control_conn, reg, 10) == []
         (held,) = control_conn.execute(
@@ -326,3 +330,67 @@ def test_an_item_reclaimed_before_its_holder_started_it_is_recorded_unstarted(co
     assert control_conn.execute(
         "SELECT state, attempts, unstarted_attempts FROM connector_work_items WHERE work_id = %s", (item.work_id,)
     ).fetchone() == ("retry", 1, 1)
+
+
+# --- claim cost ----------------------------------------------------------------------------
+
+
+def test_claim_cost_does_not_follow_due_items_the_statistics_missed(control_conn, reg):
+    """Statistics taken while every item was finished (a queue between bursts) must not
+    let the claim's compare-and-swap walk every due item: it looks up its picks by key."""
+    with control_conn.transaction():
+        enqueue(control_conn, reg, [NewWork(f"old{i}-{reg}", "t", source_lane_key=f"o{i}", target_lane_key=f"o{i}")
+                                    for i in range(2000)])
+        control_conn.execute("UPDATE connector_work_items SET state = 'completed', finished_at = now()"
+                             " WHERE registration_id = %s", (reg,))
+        control_conn.execute("ANALYZE connector_work_items")
+        enqueue(control_conn, reg, [NewWork(f"new{i}-{reg}", "t", source_lane_key=f"n{i}", target_lane_key=f"n{i}")
+                                    for i in range(2000)])
+        # due by the transaction's clock (now() is its start)
+        control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s"
+                             " AND state = 'pending'", (reg,))
+        plan = claim_plan(control_conn, reg, 10)
+        assert plan["Actual Rows"] == 10 and work_item_rows_read(plan) <= 100, plan
+        raise psycopg.Rollback()
+
+
+def test_a_large_claim_holds_at_most_the_lock_cap(control_conn, reg):
+    """A claim of 1,000 used to hold two advisory locks per item (candidate and target lane):
+    its locks are capped, and the items past the cap are left for the next claim."""
+    enqueue(control_conn, reg, [NewWork(f"L{i}-{reg}", "t", target_lane_key=f"t{i}") for i in range(600)])
+    with control_conn.transaction():
+        first = claim(control_conn, reg, 1000)
+        (held,) = control_conn.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()").fetchone()
+    assert held <= claims.CLAIM_MAX_LOCKS and len(first) >= claims.CLAIM_MAX_LOCKS // 3
+    rest = claim(control_conn, reg, 1000) + claim(control_conn, reg, 1000) + claim(control_conn, reg, 1000)
+    assert len(rest) == 600 - len(first)
+
+
+def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, reg):
+    """The backlog of a busy target lane sits at the front of the claim order; claims park
+    it once instead of walking it each time, and the lane's items still run, in order, one
+    at a time."""
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(300)]
+    enqueue(control_conn, reg, hot + [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"o{i}") for i in range(20)])
+    (first,) = claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    others = []
+    for _ in range(40):
+        others += claim(control_conn, reg, 10)
+    assert sorted(i.source_lane_key for i in others) == sorted(f"o{i}" for i in range(20))
+    enqueue(control_conn, reg, [NewWork(f"late{i}-{reg}", "t", source_lane_key=f"l{i}") for i in range(5)])
+    control_conn.execute("ANALYZE connector_work_items")
+    with control_conn.transaction():
+        plan = claim_plan(control_conn, reg, 10)
+        assert plan["Actual Rows"] == 5 and work_item_rows_read(plan) <= 60, plan
+        raise psycopg.Rollback()
+    hot_ids = sorted(w for (w,) in control_conn.execute(
+        "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND target_lane_key = 'hot'", (reg,)))
+    assert first.work_id == hot_ids[0]
+    ran = [first]
+    while len(ran) < 4:
+        claims.complete(control_conn, [ran[-1].fence])
+        got = [i for i in claim(control_conn, reg, 10) if i.target_lane_key == "hot"]
+        assert len(got) == 1
+        ran += got
+    assert [i.work_id for i in ran] == hot_ids[:4]
