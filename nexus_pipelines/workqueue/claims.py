@@ -112,7 +112,8 @@ CLAIM_LOCK_BUDGET_MS = 50
 # Most advisory locks one claim holds until it commits: a try-lock per candidate and one
 # per target lane it takes (at most one per candidate). They live in the lock table every
 # session shares (max_locks_per_transaction x connections), so a claim takes at most half
-# this many candidates, whatever its batch (a drain claims the rest next time).
+# this many candidates of each active generation it walks, whatever its batch (a drain
+# claims the rest next time; the walk is bounded per generation, docs/design/work-queue.md).
 CLAIM_MAX_LOCKS = 500
 
 class LeaseFlag:
