@@ -220,6 +220,15 @@ _SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR (NOT EXISTS (
                    AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))"""
 
 
+# The claimable source lane heads of a walk over `w`, in claim order (the class and type
+# filters are filled in per call).
+_DUE_HEADS = f"""AND w.state IN {sql_in(CLAIMABLE)}
+           AND w.run_after <= now()
+           {{class_filter}}
+           {{type_filter}}
+           AND {_SOURCE_HEAD}
+         ORDER BY w.queue_class, w.run_after, w.work_id"""
+
 def _target_busy(registration: str, lane: str) -> str:
     return f"""EXISTS (
                 SELECT 1 FROM connector_work_items t
@@ -292,12 +301,7 @@ walk AS (
          WHERE w.registration_id = g.registration_id
            AND w.revision = g.revision
            AND NOT w.parked
-           AND w.state IN {sql_in(CLAIMABLE)}
-           AND w.run_after <= now()
-           {{class_filter}}
-           {{type_filter}}
-           AND {_SOURCE_HEAD}
-         ORDER BY w.queue_class, w.run_after, w.work_id
+           {_DUE_HEADS}
         OFFSET 0) f
        -- OFFSET 0 keeps the try-lock out of the scan's filter, so it runs only on rows that
        -- passed the lane probes (the planner would evaluate the cheap lock before the probes)
@@ -368,12 +372,7 @@ parked_heads AS (
            AND w.revision = l.revision
            AND w.target_lane_key = l.lane
            AND w.parked
-           AND w.state IN {sql_in(CLAIMABLE)}
-           AND w.run_after <= now()
-           {{class_filter}}
-           {{type_filter}}
-           AND {_SOURCE_HEAD}
-         ORDER BY w.queue_class, w.run_after, w.work_id
+           {_DUE_HEADS}
         OFFSET 0) f
        WHERE {_CANDIDATE_LOCK.format(a="f")}
        LIMIT 1
