@@ -67,6 +67,15 @@ def drop_custody(pool, ref: str) -> None:
         conn.execute("DELETE FROM ticket_custody_links WHERE external_ref = %s", (ref,))
 
 
+
+def sweep_deleting_after_the_first_page(plant, world, registration, ref: str):
+    """A sweep of every listed issue during which `ref`, listed on its first page, is deleted."""
+    def delete_a_listed_issue(report) -> None:
+        if report.pages == 1:
+            world.delete_issue(ref)
+
+    return plant.sweep(registration, bounds=JUDGE_ALL, on_page=delete_a_listed_issue)
+
 def _findings(pool, ref: str) -> list[str]:
     with pool.connection() as conn:
         return [r[0] for r in conn.execute(

@@ -6,7 +6,7 @@ unread issue onto a page already read."""
 from nexus_pipelines.local.simulators.github import DEEP_PAGE_ROWS
 from nexus_pipelines.local.worlds.github import REPOSITORY_ID, GitHubWorld
 from nexus_pipelines.local.worlds.plant import Plant
-from tests.connectors.sweep_suite import JUDGE_ALL, drop_custody
+from tests.connectors.sweep_suite import JUDGE_ALL, drop_custody, sweep_deleting_after_the_first_page
 
 
 def _synced(pool, repository_id: int, issues: int, key: str):
@@ -33,11 +33,6 @@ def test_a_deletion_between_page_mode_listing_requests_does_not_hide_the_next_pa
     world, plant, registration, refs = _synced(pool, REPOSITORY_ID + 802, 250, "gh-sweep-shift")
     lost = refs[100]  # the first issue of the second page, by creation
     drop_custody(pool, lost)
-
-    def delete_a_listed_issue(report) -> None:
-        if report.pages == 1:
-            world.delete_issue(refs[5])
-
-    report = plant.sweep(registration, bounds=JUDGE_ALL, on_page=delete_a_listed_issue)
+    report = sweep_deleting_after_the_first_page(plant, world, registration, refs[5])
     assert [(g.external_ref, g.reason) for g in report.gaps] == [(lost, "missing")]
     assert (report.outcome, report.listed) == ("complete", 250)  # the deleted issue was listed before

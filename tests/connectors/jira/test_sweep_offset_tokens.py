@@ -5,7 +5,7 @@ creation minute instead, and the sweep still finds a gap there."""
 
 from nexus_pipelines.local.worlds.jira import PROJECT_ID, JiraWorld
 from nexus_pipelines.local.worlds.plant import Plant
-from tests.connectors.sweep_suite import JUDGE_ALL, drop_custody
+from tests.connectors.sweep_suite import JUDGE_ALL, drop_custody, sweep_deleting_after_the_first_page
 
 
 def _offset_world(project_id: int) -> JiraWorld:
@@ -31,12 +31,7 @@ def test_a_deletion_between_offset_token_pages_does_not_hide_the_next_pages_firs
         refs += world.add_issues(60)
         world.advance(60)
     plant, registration, lost = _synced_with_a_lost_custody(pool, world, refs, "jira-sweep-offset-shift")
-
-    def delete_a_listed_issue(report) -> None:
-        if report.pages == 1:
-            world.delete_issue(refs[5])
-
-    report = plant.sweep(registration, bounds=JUDGE_ALL, on_page=delete_a_listed_issue)
+    report = sweep_deleting_after_the_first_page(plant, world, registration, refs[5])
     assert [(g.external_ref, g.reason) for g in report.gaps] == [(lost, "missing")]
     assert (report.outcome, report.listed) == ("complete", 300)  # the deleted issue was listed before
 
