@@ -62,8 +62,8 @@ Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
   claimable, and the partial unique index `connector_work_items_running` (every
   running row, keyed by source lane; NULL keys are distinct) allows at most one
-  running item per lane. The head check is two index probes: no lower pending / retry
-  item of the lane (`connector_work_items_source_lane`, which holds only pending and
+  running item per lane. The head check is two index probes: the lane's first pending /
+  retry item is this one (`connector_work_items_source_lane`, which holds only pending and
   retry rows, so a claim adds no entry to it) and no running item of the lane at all
   (`connector_work_items_running`). A running item
   of the lane is its head (or a replayed item's successor), so this is the "lowest
@@ -205,14 +205,19 @@ _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work
 
 # Lane probes of a due item `w`. The OR keeps each probe a subplan (a flattened anti-join
 # would read every candidate before the LIMIT); the IS NOT NULL terms let the probes use
-# the partial lane indexes.
-_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR (NOT EXISTS (
-                SELECT 1 FROM connector_work_items h
+# the partial lane indexes. "No lower claimable item in the lane" is asked as "the lane's
+# first claimable item is `w`" (w is one of them): ordered by work_id, only the lane index
+# answers it without a sort, whatever the statistics. As a `work_id <` range, the due index
+# (registration first) cost the same under the one-row estimates of tables analyzed empty
+# or never, and the tie went to the index created last: 0027 re-created the due index, and
+# the cached plan then read the registration's due items below `w` in every probe.
+_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR ((
+                SELECT h.work_id FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
                    AND h.source_lane_key IS NOT NULL
-                   AND h.work_id < w.work_id
-                   AND h.state IN {sql_in(CLAIMABLE)})
+                   AND h.state IN {sql_in(CLAIMABLE)}
+                 ORDER BY h.work_id LIMIT 1) = w.work_id
                AND NOT EXISTS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id
