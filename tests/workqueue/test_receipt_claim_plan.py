@@ -3,7 +3,7 @@ statistics say (its own module: the claim takes every due receipt of the databas
 
 from datetime import datetime, timedelta, timezone
 
-from nexus_pipelines.workqueue.receipts import ReceiptIn, admit_receipts, claim_receipts
+from nexus_pipelines.workqueue.receipts import ReceiptIn, admit_receipts, claim_receipts, hold_receipts
 
 BACKLOG = 3000
 BATCH = 50
@@ -48,3 +48,17 @@ def test_a_claim_reads_its_batch_of_a_backlog_statistics_say_is_not_due(control_
     _admit(control_conn, reg, BACKLOG)  # then the sync's receipts arrive
     read = _claim_reads(control_conn, reg)
     assert read <= 3 * BATCH, read
+
+
+def test_holding_a_claimed_batch_reads_the_batch_statistics_say_none_routes(control_conn, reg):
+    # statistics from after a poll: every receipt pending, none routing
+    control_conn.execute("UPDATE ingress_receipts SET routing_status = 'materialized', materialized_at = now()")
+    _admit(control_conn, reg, BACKLOG)
+    control_conn.execute("ANALYZE ingress_receipts")
+    claimed = claim_receipts(control_conn, owner="router", limit=BACKLOG // 6, lease_ttl=timedelta(seconds=60))
+    before = _receipt_rows_read(control_conn)
+    with control_conn.transaction(force_rollback=True):
+        held = hold_receipts(control_conn, claimed)
+    read = _receipt_rows_read(control_conn) - before
+    assert held == {c.receipt_id for c in claimed}
+    assert read <= 2 * len(claimed), read  # one primary-key probe per receipt, not the table per batch
