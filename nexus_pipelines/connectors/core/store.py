@@ -11,7 +11,7 @@ token, so an expired or stale poller writes nothing. Failures are scheduled dura
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -60,6 +60,9 @@ class PollClaim:
     lease_until: datetime
     cursor: str | None
     failure_count: int
+    # no other revision the request covers was due when this one was claimed: a scan that goes
+    # on is then most likely the next claim too (the poll run reads its next page ahead)
+    alone: bool = False
 
 
 # -- registrations -------------------------------------------------------------------
@@ -158,15 +161,13 @@ def poll_lease_held(conn: Connection, registration: Registration) -> bool:
 
 # -- poll claims ----------------------------------------------------------------------
 
+_DUE = "r.status = 'active' AND p.next_poll_at <= now() AND (p.lease_until IS NULL OR p.lease_until <= now())"
 _CLAIM = """
 WITH due AS (
     SELECT p.tenant, p.registration_key, p.revision_id
       FROM connector_progress p
       JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-     WHERE r.status = 'active'
-       AND p.next_poll_at <= now()
-       AND (p.lease_until IS NULL OR p.lease_until <= now())
-       {only}
+     WHERE {due} {only}
      ORDER BY p.next_poll_at
      LIMIT 1
        FOR UPDATE OF p SKIP LOCKED
@@ -178,7 +179,12 @@ UPDATE connector_progress p
  WHERE (p.tenant, p.registration_key, p.revision_id) = (due.tenant, due.registration_key, due.revision_id)
    AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
 RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count,
-          p.tenant, p.registration_key, p.revision_id
+          p.tenant, p.registration_key, p.revision_id,
+          NOT EXISTS (SELECT FROM connector_progress p
+                        JOIN connector_registrations r USING (tenant, registration_key, revision_id)
+                       WHERE {due} {only}
+                         AND (p.tenant, p.registration_key, p.revision_id)
+                             <> (due.tenant, due.registration_key, due.revision_id))
 """
 
 
@@ -209,7 +215,7 @@ def claim(conn: Connection, request: ClaimRequest) -> PollClaim | None:
 
 def _send_claim(conn: Connection, request: ClaimRequest) -> Cursor:
     only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
-    return conn.execute(_CLAIM.format(only=only), {"owner": request.owner, "ttl": request.ttl,
+    return conn.execute(_CLAIM.format(due=_DUE, only=only), {"owner": request.owner, "ttl": request.ttl,
                                                    "only": list(request.registration_ids or [])})
 
 
@@ -221,7 +227,7 @@ def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
     except RegistrationError as exc:
         raise UnreadableRevision(str(exc), tenant=row[8], key=row[9], revision_id=row[10], token=row[4],
                                  failure_count=row[7]) from None
-    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7])
+    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7], row[11])
 
 
 _HOLD = """
@@ -279,14 +285,17 @@ LEASE_LOST_SQLSTATE = "NXL01"
 
 
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
-                exhausted: bool, then_claim: ClaimRequest | None = None) -> PageCommit:
+                exhausted: bool, then_claim: ClaimRequest | None = None,
+                in_flight: Callable[[], None] | None = None) -> PageCommit:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
     none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
     taken in the same transaction, so a walk of many pages costs one commit per page, not two.
     Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
-    autocommit connection outside a transaction: the commit is its own.
+    autocommit connection outside a transaction: the commit is its own. `in_flight` runs once the
+    flight, COMMIT included, is sent and before its answer is read, so its work overlaps the
+    server's commit; it must not raise (the transaction may already be committed).
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
@@ -307,6 +316,8 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
             next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
             admitted = send_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
             conn.execute("COMMIT")
+            if in_flight is not None:
+                in_flight()
     except BaseException as exc:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()  # the flight's transaction did not commit: none of it is written
@@ -425,11 +436,10 @@ def progress(conn: Connection, registration_ids: Sequence[str] | None = None) ->
 def due_registrations(conn: Connection, limit: int = 1000) -> list[tuple[str, str, int]]:
     """(registration id, revision id, revision no) of active revisions due for a poll: the sensor's probe."""
     return conn.execute(
-        """SELECT p.tenant || '/' || p.registration_key, p.revision_id, r.revision_no
+        f"""SELECT p.tenant || '/' || p.registration_key, p.revision_id, r.revision_no
              FROM connector_progress p
              JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-            WHERE r.status = 'active' AND p.next_poll_at <= now()
-              AND (p.lease_until IS NULL OR p.lease_until <= now())
+            WHERE {_DUE}
             ORDER BY p.next_poll_at LIMIT %s""",
         (limit,),
     ).fetchall()
