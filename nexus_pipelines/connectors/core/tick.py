@@ -172,7 +172,8 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
     problem = _check_page(result, registration)
     if problem:
         return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng), None, None
-    versions = [issue_version(issue, registration) for issue in result.issues]
+    version = IssueVersions(registration)
+    versions = [version(issue) for issue in result.issues]
     ahead: list[ReadAhead] = []
 
     def read_next() -> None:  # the scan's next request, the same one the next tick would make
@@ -197,22 +198,39 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
     return report, commit.next_claim, ahead[0] if ahead else None
 
 
-def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
-    """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
-    labels, the revision and ticket project it was polled for), and that body's canonical JSON."""
-    dumped = issue.model_dump(mode="json")
-    form = digest_form(dumped)
-    digest = digest_of(form)
-    facts = {
-        "digest": digest,
-        "labels": list(registration.map_labels(issue.source_labels)),
-        "revision_id": registration.revision_id,
-        "project": registration.project,
-    }
-    # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
-    canonical = canonical_json_with(facts, issue=form if form.isascii() else canonical_json(dumped))
-    return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, {"issue": dumped, **facts},
-                              canonical)
+_HOLE = "\x00"  # never inside canonical JSON text, which escapes every control character
+
+
+class IssueVersions:
+    """What a receipt carries, for one registration's issues: the normalized issue plus the facts
+    core adds (digest, mapped labels, the revision and ticket project it was polled for), and
+    that body's canonical JSON. The facts every receipt shares are serialized once, and each
+    label set is mapped once, not once per issue."""
+
+    def __init__(self, registration: Registration) -> None:
+        self._registration = registration
+        self._shared = {"revision_id": registration.revision_id, "project": registration.project}
+        # the body's canonical JSON with a hole for each entry of its own, in key order
+        self._parts = canonical_json_with(self._shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE)
+        self._labels: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+
+    def __call__(self, issue: ExternalIssue) -> store.IssueVersion:
+        dumped = issue.model_dump(mode="json")
+        form = digest_form(dumped)
+        digest = digest_of(form)
+        labels, labels_json = self._mapped(issue.source_labels)
+        # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
+        entries = (canonical_json(digest), form if form.isascii() else canonical_json(dumped), labels_json)
+        head, *after = self._parts
+        canonical = head + "".join(entry + part for entry, part in zip(entries, after, strict=True))
+        body = {"issue": dumped, "digest": digest, "labels": list(labels), **self._shared}
+        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, body, canonical)
+
+    def _mapped(self, source_labels: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+        if source_labels not in self._labels:
+            labels = self._registration.map_labels(source_labels)
+            self._labels[source_labels] = labels, canonical_json(list(labels))
+        return self._labels[source_labels]
 
 
 def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_class: str, reason: str, detail: str,

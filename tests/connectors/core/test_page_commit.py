@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from nexus_pipelines.connectors.core import store
-from nexus_pipelines.connectors.core.tick import issue_version, poll
+from nexus_pipelines.connectors.core.tick import IssueVersions, poll
 from nexus_pipelines.connectors.core.values import ExternalIssue, FetchIssuePage
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
@@ -98,7 +98,7 @@ def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
         store.request_poll(conn, [registration.registration_id])
         stale = expired_claim(conn, registration)
         with pytest.raises(store.PollLeaseLost):
-            store.commit_page(conn, stale, [issue_version(issue, registration)], next_cursor="stale", exhausted=False,
+            store.commit_page(conn, stale, [IssueVersions(registration)(issue)], next_cursor="stale", exhausted=False,
                               then_claim=store.ClaimRequest(REGISTRY, "slow", timedelta(seconds=60)))
         (receipts,) = conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
                                    (registration.registration_id,)).fetchone()
@@ -118,7 +118,7 @@ def test_a_page_receipt_stores_the_issue_version_body_its_hash_and_its_unchanged
     issue = ExternalIssue(connector_kind="gitlab", external_ref="gitlab:1:7", title=title, description="é\n",
                           source_labels=("bug",), reporter_ref="gitlab-user:1", reporter_display_name="r",
                           external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/7")
-    version = issue_version(issue, registration)
+    version = IssueVersions(registration)(issue)
     assert version.canonical_body == canonical_json(version.body)  # the spliced form is the canonical one
     assert version.digest == source_version_digest(issue) == version.body["digest"]
     with pool.connection() as conn:
@@ -144,7 +144,7 @@ def _syncs_of_one_page_commit(pool, tmp_path, key: str) -> int:
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
                                 registration_ids=[registration.registration_id])
         page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
-        versions = [issue_version(i, registration) for i in page.issues]
+        versions = [IssueVersions(registration)(i) for i in page.issues]
         with trace.open("w") as out:
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
@@ -173,7 +173,7 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
                                 registration_ids=[registration.registration_id])
         page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
-        fine, big = (issue_version(i, registration) for i in page.issues)
+        fine, big = map(IssueVersions(registration), page.issues)
         too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest, big.body,
                                      '{"t":"' + "x" * BODY_SNAPSHOT_LIMIT + '"}')
         with pytest.raises(ValueError, match="exceeds"):
@@ -196,3 +196,37 @@ def test_a_page_commit_refuses_to_run_inside_a_callers_transaction(pool):
         (cursor,) = conn.execute("SELECT cursor_token FROM connector_progress WHERE registration_key = %s",
                                  (registration.key,)).fetchone()
     assert cursor is None
+
+
+def test_a_page_maps_each_label_set_once_and_serializes_the_facts_its_receipts_share_once(pool, monkeypatch):
+    from nexus_pipelines.connectors.core import tick
+    from nexus_pipelines.connectors.core.registration import Registration
+    from nexus_pipelines.workqueue.receipts import payload_hash
+
+    calls = {"map_labels": 0, "canonical_json_with": 0}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Registration, "map_labels", counted("map_labels", Registration.map_labels))
+    monkeypatch.setattr(tick, "canonical_json_with", counted("canonical_json_with", tick.canonical_json_with))
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="shared-facts", page_size=100)
+    plant.activate(registration)
+    plant.world.add_issues(20)  # every other issue labelled "bug": two label sets
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id], max_ticks=1)
+        rows = conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s",
+                            (registration.registration_id,)).fetchall()
+    assert report.ticks[0].admitted == len(rows) == 20
+    assert calls == {"map_labels": 2, "canonical_json_with": 1}
+    assert sorted(body["labels"] for body, _ in rows) == [[]] * 10 + [["bug"]] * 10
+    assert all(body["revision_id"] == registration.revision_id and body["project"] == registration.project
+               for body, _ in rows)
+    # the body text the page built is the canonical form of what was stored
+    assert all(stored_hash == payload_hash(body) for body, stored_hash in rows)
