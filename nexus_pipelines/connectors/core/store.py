@@ -162,12 +162,16 @@ def poll_lease_held(conn: Connection, registration: Registration) -> bool:
 # -- poll claims ----------------------------------------------------------------------
 
 _DUE = "r.status = 'active' AND p.next_poll_at <= now() AND (p.lease_until IS NULL OR p.lease_until <= now())"
-_CLAIM = """
+# whether a revision the claim could take, other than {this} (its key columns), is due
+_OTHERS_DUE = f"""EXISTS (SELECT FROM connector_progress p
+                   JOIN connector_registrations r USING (tenant, registration_key, revision_id)
+                  WHERE {_DUE} {{only}} AND (p.tenant, p.registration_key, p.revision_id) <> ({{this}}))"""
+_CLAIM = f"""
 WITH due AS (
     SELECT p.tenant, p.registration_key, p.revision_id
       FROM connector_progress p
       JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-     WHERE {due} {only}
+     WHERE {_DUE} {{only}} {{unless}}
      ORDER BY p.next_poll_at
      LIMIT 1
        FOR UPDATE OF p SKIP LOCKED
@@ -180,12 +184,12 @@ UPDATE connector_progress p
    AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
 RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count,
           p.tenant, p.registration_key, p.revision_id,
-          NOT EXISTS (SELECT FROM connector_progress p
-                        JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-                       WHERE {due} {only}
-                         AND (p.tenant, p.registration_key, p.revision_id)
-                             <> (due.tenant, due.registration_key, due.revision_id))
+          NOT {_OTHERS_DUE.format(only="{only}", this="due.tenant, due.registration_key, due.revision_id")}
 """
+# in a page's flight: no claim when the page's cursor update kept its revision's lease for the next tick
+_UNLESS_KEPT = """AND NOT EXISTS (SELECT FROM connector_progress k
+                    WHERE (k.tenant, k.registration_key, k.revision_id) = (%(tenant)s, %(key)s, %(rev)s)
+                      AND k.lease_owner = %(owner)s AND k.lease_until > now())"""
 
 
 @dataclass(frozen=True)
@@ -213,10 +217,22 @@ def claim(conn: Connection, request: ClaimRequest) -> PollClaim | None:
     return _claimed(_send_claim(conn, request).fetchone(), request)
 
 
-def _send_claim(conn: Connection, request: ClaimRequest) -> Cursor:
-    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
-    return conn.execute(_CLAIM.format(due=_DUE, only=only), {"owner": request.owner, "ttl": request.ttl,
-                                                   "only": list(request.registration_ids or [])})
+def _only(request: ClaimRequest) -> str:
+    return "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
+
+
+def _claim_params(request: ClaimRequest) -> dict:
+    return {"owner": request.owner, "ttl": request.ttl, "only": list(request.registration_ids or [])}
+
+
+def _send_claim(conn: Connection, request: ClaimRequest, unless_kept: Registration | None = None) -> Cursor:
+    """The claim statement, sent; `unless_kept`: in that revision's page flight, it claims nothing
+    when the page's cursor update kept the revision's lease."""
+    if unless_kept is None:
+        return conn.execute(_CLAIM.format(only=_only(request), unless=""), _claim_params(request))
+    r = unless_kept
+    return conn.execute(_CLAIM.format(only=_only(request), unless=_UNLESS_KEPT),
+                        {**_claim_params(request), "tenant": r.tenant, "key": r.key, "rev": r.revision_id})
 
 
 def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
@@ -268,19 +284,40 @@ class PageCommit:
 
 # the fence stops the transaction on the server (migration 0036), so the statements after it
 # and the COMMIT go out in the same flight: a stale poller's receipts and next claim abort with it
-_ADVANCE = """
-WITH advanced AS (
+# When the run goes on (`claims`), the scan goes on and no other revision the next claim could
+# take is due, this revision would be that claim: the update keeps its lease under a fresh token
+# instead of releasing it for the claim to take again (one row update a page, not two).
+_ADVANCE = f"""
+WITH keeps AS (
+    SELECT %(claims)s AND NOT %(exhausted)s
+           AND EXISTS (SELECT FROM connector_registrations
+                        WHERE (tenant, registration_key, revision_id) = (%(tenant)s, %(key)s, %(rev)s)
+                          AND status = 'active')
+           AND NOT {_OTHERS_DUE.format(only="{only}", this="%(tenant)s, %(key)s, %(rev)s")} AS keeps
+), advanced AS (
     UPDATE connector_progress
        SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
            next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
-           lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
+           lease_owner = CASE WHEN keeps THEN %(owner)s END,
+           lease_token = CASE WHEN keeps THEN nextval('fencing_tokens') ELSE lease_token END,
+           lease_until = CASE WHEN keeps THEN now() + %(ttl)s END,
+           failure_count = 0, last_success_at = now(),
            throttled_until = NULL, pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+      FROM keeps
      WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
        AND lease_token = %(token)s AND lease_until > now()
- RETURNING true
+ RETURNING keeps, lease_token, lease_until
 )
-SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s))
+SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s)),
+       (SELECT keeps FROM advanced), (SELECT lease_token FROM advanced), (SELECT lease_until FROM advanced)
 """
+
+
+def _advance_params(then_claim: ClaimRequest | None) -> tuple[str, dict]:
+    """The cursor update's scope clause and claim parameters (none when the run stops here)."""
+    if then_claim is None:
+        return "", {"claims": False, "owner": None, "ttl": timedelta(0), "only": []}
+    return _only(then_claim), {"claims": True, **_claim_params(then_claim)}
 LEASE_LOST_SQLSTATE = "NXL01"
 
 
@@ -290,8 +327,9 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
-    none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
-    taken in the same transaction, so a walk of many pages costs one commit per page, not two.
+    none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs, unless
+    the cursor update kept this revision's lease because it is that claim) is taken in the same
+    transaction, so a walk of many pages costs one commit per page, not two.
     Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
     autocommit connection outside a transaction: the commit is its own. `in_flight` runs once the
     flight, COMMIT included, is sent and before its answer is read, so its work overlaps the
@@ -309,11 +347,12 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         with conn.pipeline():
             conn.execute("BEGIN")
             # the fenced cursor update first: it locks the progress row, so it is also the hold
-            conn.execute(_ADVANCE, {
-                "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds,
+            only, params = _advance_params(then_claim)
+            advance = conn.execute(_ADVANCE.format(only=only), {
+                **params, "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds,
                 "n": len(versions), "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token,
                 "lost": lost})
-            next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
+            next_claim = _send_claim(conn, then_claim, unless_kept=r) if then_claim is not None else None
             admitted = send_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
             conn.execute("COMMIT")
             if in_flight is not None:
@@ -325,6 +364,9 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
             raise PollLeaseLost(lost) from None
         raise
     refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
+    _, kept, token, lease_until = advance.fetchone()
+    if kept:  # no other revision was due: the next claim is this revision, alone, at the stored cursor
+        return PageCommit(refs, PollClaim(r, claim.revision_no, claim.owner, token, lease_until, next_cursor, 0, True))
     try:
         return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written

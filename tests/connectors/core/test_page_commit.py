@@ -62,6 +62,29 @@ def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_p
     assert counting.commits == 1 + 3, counting.commits  # the first claim, then one commit per page
 
 
+def test_a_walk_updates_the_progress_row_once_a_page_when_the_revision_is_its_own_next_claim(pool):
+    plant, registration = _due(pool, "once-a-page", issues=10)
+    with pool.connection() as conn:
+        conn.execute("CREATE TABLE progress_row_updates (registration_key text)")
+        conn.execute("""CREATE FUNCTION count_progress_update() RETURNS trigger LANGUAGE plpgsql AS
+                        $$ BEGIN INSERT INTO progress_row_updates VALUES (NEW.registration_key); RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER count_progress_update AFTER UPDATE ON connector_progress "
+                     "FOR EACH ROW EXECUTE FUNCTION count_progress_update()")
+        try:
+            report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                          registration_ids=[registration.registration_id])
+            (updates,) = conn.execute("SELECT count(*) FROM progress_row_updates WHERE registration_key = %s",
+                                      (registration.key,)).fetchone()
+            progress = conn.execute("SELECT cursor_token, pages, lease_until FROM connector_progress "
+                                    "WHERE registration_key = %s", (registration.key,)).fetchone()
+        finally:
+            conn.execute("DROP TRIGGER count_progress_update ON connector_progress")
+    assert [t.outcome for t in report.ticks] == ["page"] * 3 and report.stopped == "idle"
+    assert updates == 1 + 3  # the first claim, then each page's cursor update, which also kept the lease
+    assert progress == (report.ticks[-1].cursor, 3, None)
+    assert report.totals["admitted"] == 10
+
+
 def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(pool):
     plant, registration = _due(pool, "budget", issues=10)
     with pool.connection() as conn:
