@@ -11,6 +11,7 @@ token, so an expired or stale poller writes nothing. Failures are scheduled dura
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -263,13 +264,16 @@ def _hold(conn: Connection, claim: PollClaim) -> None:
 @dataclass(frozen=True)
 class IssueVersion:
     """One delivered issue version, as core admits it: the normalized issue and its digest, in
-    the receipt body (`body`) and that body's `canonical_json` (`canonical_body`)."""
+    the receipt body, held as its `canonical_json` (`canonical_body`, what is stored and hashed)."""
 
     external_ref: str
     updated_at: datetime
     digest: str
-    body: dict
     canonical_body: str
+
+    @property
+    def body(self) -> dict:
+        return json.loads(self.canonical_body)
 
 
 @dataclass(frozen=True)

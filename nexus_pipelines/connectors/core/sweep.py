@@ -273,7 +273,7 @@ def _reobserve(conn: Connection, registration: Registration, source: SweepSource
 def _swept(version: store.IssueVersion) -> store.IssueVersion:
     """The same receipt body a poll writes, marked so the observation opens a sweep-gap finding."""
     body = {**version.body, SWEPT_MARK: True}
-    return store.IssueVersion(version.external_ref, version.updated_at, version.digest, body, canonical_json(body))
+    return store.IssueVersion(version.external_ref, version.updated_at, version.digest, canonical_json(body))
 
 
 def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registration, owner: str, wait_s: float,

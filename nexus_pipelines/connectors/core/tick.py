@@ -31,7 +31,7 @@ from nexus_pipelines.connectors.core.values import (
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
-    digest_form,
+    canonical_form,
     digest_of,
 )
 from nexus_pipelines.redaction import contains_registered_secret, describe_exception
@@ -209,27 +209,24 @@ class IssueVersions:
 
     def __init__(self, registration: Registration) -> None:
         self._registration = registration
-        self._shared = {"revision_id": registration.revision_id, "project": registration.project}
+        shared = {"revision_id": registration.revision_id, "project": registration.project}
         # the body's canonical JSON with a hole for each entry of its own, in key order
-        self._parts = canonical_json_with(self._shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE)
-        self._labels: dict[tuple[str, ...], tuple[tuple[str, ...], str]] = {}
+        self._parts = canonical_json_with(shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE)
+        self._labels: dict[tuple[str, ...], str] = {}  # the mapped labels' canonical JSON by label set
 
     def __call__(self, issue: ExternalIssue) -> store.IssueVersion:
-        dumped = issue.model_dump(mode="json")
-        form = digest_form(dumped)
+        form = canonical_form(issue)
         digest = digest_of(form)
-        labels, labels_json = self._mapped(issue.source_labels)
         # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
-        entries = (canonical_json(digest), form if form.isascii() else canonical_json(dumped), labels_json)
+        body_form = form if form.isascii() else canonical_json(issue.model_dump(mode="json"))
+        entries = (canonical_json(digest), body_form, self._labels_json(issue.source_labels))
         head, *after = self._parts
         canonical = head + "".join(entry + part for entry, part in zip(entries, after, strict=True))
-        body = {"issue": dumped, "digest": digest, "labels": list(labels), **self._shared}
-        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, body, canonical)
+        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, canonical)
 
-    def _mapped(self, source_labels: tuple[str, ...]) -> tuple[tuple[str, ...], str]:
+    def _labels_json(self, source_labels: tuple[str, ...]) -> str:
         if source_labels not in self._labels:
-            labels = self._registration.map_labels(source_labels)
-            self._labels[source_labels] = labels, canonical_json(list(labels))
+            self._labels[source_labels] = canonical_json(list(self._registration.map_labels(source_labels)))
         return self._labels[source_labels]
 
 

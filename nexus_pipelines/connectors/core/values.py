@@ -11,7 +11,6 @@ strings whose parts the adapter chooses from immutable provider ids.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Self
@@ -73,22 +72,23 @@ Detail = Annotated[str, Field(max_length=DETAIL_MAX_CHARS)]
 
 
 class ExternalIssue(BaseModel):
-    """One provider issue, normalized: the only fields core ever sees."""
+    """One provider issue, normalized: the only fields core ever sees. The fields are declared in
+    key order, so the model's own JSON is its canonical form (`canonical_form`)."""
 
     model_config = _STRICT
 
     connector_kind: Annotated[str, Field(pattern=KIND_PATTERN)]
-    external_ref: ExternalRef
-    title: Annotated[Text, Field(min_length=1, max_length=TITLE_MAX_CHARS)]
     description: Annotated[Text, Field(max_length=DESCRIPTION_MAX_CHARS)]
+    display_url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")]
+    external_ref: ExternalRef
+    external_state: Literal["open", "closed"]
+    external_updated_at: AwareDatetime
+    reporter_display_name: Annotated[Text, Field(max_length=255)]
+    reporter_ref: Annotated[Text, Field(min_length=1, max_length=255)]
     source_labels: Annotated[
         tuple[Annotated[Text, Field(min_length=1, max_length=LABEL_MAX_CHARS)], ...], Field(max_length=MAX_LABELS)
     ]
-    reporter_ref: Annotated[Text, Field(min_length=1, max_length=255)]
-    reporter_display_name: Annotated[Text, Field(max_length=255)]
-    external_state: Literal["open", "closed"]
-    external_updated_at: AwareDatetime
-    display_url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")]
+    title: Annotated[Text, Field(min_length=1, max_length=TITLE_MAX_CHARS)]
 
     @model_validator(mode="after")
     def _ref_names_the_kind(self) -> Self:
@@ -97,18 +97,15 @@ class ExternalIssue(BaseModel):
         return self
 
 
-def source_version_digest(issue: ExternalIssue, dumped: dict | None = None) -> str:
-    """sha256 over the canonical JSON of the normalized value (the observation digest);
-    `dumped` is the issue's `model_dump(mode="json")` when the caller has it already."""
-    return digest_of(digest_form(issue.model_dump(mode="json") if dumped is None else dumped))
+def source_version_digest(issue: ExternalIssue) -> str:
+    """sha256 over the canonical JSON of the normalized value (the observation digest)."""
+    return digest_of(canonical_form(issue))
 
 
-_DIGEST_FORM = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # built once
-
-
-def digest_form(dumped: dict) -> str:
-    """The canonical JSON the observation digest is taken over (non-ASCII characters kept as they are)."""
-    return _DIGEST_FORM.encode(dumped)
+def canonical_form(issue: ExternalIssue) -> str:
+    """The canonical JSON the digest is taken over: keys sorted, no spaces, non-ASCII characters
+    kept as they are; serialized by the validator core in one call (the fields are in key order)."""
+    return issue.model_dump_json()
 
 
 def digest_of(form: str) -> str:

@@ -197,7 +197,7 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
                                 registration_ids=[registration.registration_id])
         page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
         fine, big = map(IssueVersions(registration), page.issues)
-        too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest, big.body,
+        too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest,
                                      '{"t":"' + "x" * BODY_SNAPSHOT_LIMIT + '"}')
         with pytest.raises(ValueError, match="exceeds"):
             store.commit_page(conn, claim, [fine, too_big], next_cursor=page.next_cursor, exhausted=False)
@@ -253,3 +253,24 @@ def test_a_page_maps_each_label_set_once_and_serializes_the_facts_its_receipts_s
                for body, _ in rows)
     # the body text the page built is the canonical form of what was stored
     assert all(stored_hash == payload_hash(body) for body, stored_hash in rows)
+
+
+def test_a_page_serializes_each_all_ascii_issue_once_for_its_digest_and_its_receipt_body(pool, monkeypatch):
+    calls = {"model_dump": 0, "model_dump_json": 0}
+
+    def counted(name):
+        function = getattr(ExternalIssue, name)
+
+        def call(self, *args, **kwargs):
+            calls[name] += 1
+            return function(self, *args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(ExternalIssue, name, counted(name))
+    plant, registration = _due(pool, "serialized-once", issues=4)
+    with pool.connection() as conn:
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id], max_ticks=1)
+    assert report.ticks[0].admitted == 4
+    assert calls == {"model_dump": 0, "model_dump_json": 4}
