@@ -315,6 +315,7 @@ WITH keeps AS (
 SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s)),
        (SELECT keeps FROM advanced), (SELECT lease_token FROM advanced), (SELECT lease_until FROM advanced)
 """
+LEASE_LOST_SQLSTATE = "NXL01"
 
 
 def _advance_params(then_claim: ClaimRequest | None) -> tuple[str, dict]:
@@ -322,7 +323,6 @@ def _advance_params(then_claim: ClaimRequest | None) -> tuple[str, dict]:
     if then_claim is None:
         return "", {"claims": False, "owner": None, "ttl": timedelta(0), "only": []}
     return _only(then_claim), {"claims": True, **_claim_params(then_claim)}
-LEASE_LOST_SQLSTATE = "NXL01"
 
 
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
@@ -370,7 +370,8 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
     _, kept, token, lease_until = advance.fetchone()
     if kept:  # no other revision was due: the next claim is this revision, alone, at the stored cursor
-        return PageCommit(refs, PollClaim(r, claim.revision_no, claim.owner, token, lease_until, next_cursor, 0, True))
+        return PageCommit(refs, PollClaim(r, claim.revision_no, then_claim.owner, token, lease_until, next_cursor,
+                                          failure_count=0, alone=True))
     try:
         return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written
