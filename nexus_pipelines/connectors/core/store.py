@@ -337,7 +337,8 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
     autocommit connection outside a transaction: the commit is its own. `in_flight` runs once the
     flight, COMMIT included, is sent and before its answer is read, so its work overlaps the
-    server's commit; it must not raise (the transaction may already be committed).
+    server's commit (not at all when a failure already came back while it was sent); it must
+    not raise (the transaction may already be committed).
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}

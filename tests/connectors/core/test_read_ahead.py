@@ -27,6 +27,7 @@ class _Flights:
 
     def __init__(self, conn) -> None:
         self._conn, self.log, self.fetches = conn, [], []
+        self.before_fetch = lambda: None
 
     def execute(self, query, *args, **kwargs):
         if query == "COMMIT":
@@ -51,6 +52,7 @@ class _LoggedAdapter:
         self._adapter, self._key, self._flights = adapter, key, flights
 
     def fetch_page(self, request, attempt):
+        self._flights.before_fetch()
         self._flights.log.append("fetch")
         self._flights.fetches.append((self._key, request.cursor))
         return self._adapter.fetch_page(request, attempt)
@@ -79,21 +81,32 @@ def test_a_walk_fetches_the_next_page_while_the_commit_of_the_page_before_is_in_
 
 
 def test_a_page_read_ahead_of_a_commit_that_lost_its_lease_is_not_used(pool):
+    from psycopg.pq import TransactionStatus
+
     plant, registration = _due(pool, "read-ahead-lost", issues=10)
     with pool.connection() as conn, pool.connection() as other:
         flights = _Flights(conn)
         first_flight = flights.pipeline
 
+        def expire() -> None:  # the lease runs out, then the cursor update held back by the lock goes on
+            if other.info.transaction_status == TransactionStatus.INTRANS:
+                other.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second' "
+                              "WHERE registration_key = %s", (registration.key,))
+                other.execute("COMMIT")
+
         @contextmanager
-        def expiring():  # the first page's lease runs out just before its commit is sent
+        def held_back():
+            """The first page's cursor update waits for a lock until the next page is fetched (or
+            the flight is about to be answered), and finds the lease expired then: the fence
+            fails after the page was read ahead, whenever the server would have answered."""
             flights.pipeline = first_flight
-            expired = other.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second' "
-                                    "WHERE registration_key = %s", (registration.key,))
-            assert expired.rowcount == 1
+            other.execute("BEGIN")
+            other.execute("SELECT FROM connector_progress WHERE registration_key = %s FOR UPDATE", (registration.key,))
             with first_flight() as pipeline:
                 yield pipeline
+                expire()
 
-        flights.pipeline = expiring
+        flights.pipeline, flights.before_fetch = held_back, expire
         report = poll(flights, REGISTRY, flights.composer(plant.composer), owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id])
         receipts = _receipts(conn, registration)
