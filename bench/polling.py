@@ -22,7 +22,8 @@ simulator in process (its time is measured at the transport and subtracted):
    response), so what is left is the claim, the HTTP client and provider gate, the adapter's
    parsing and mapping, the seam's checks, the receipts and the commit; it is split into
    `per_page_fetch_own_ms` (the fetch less the simulator) and `per_page_commit_ms` (the page
-   commit, which also takes the next claim); `load_average` is the 1-minute load average when
+   commit, which also takes the next claim, less the next page's fetch made while it is in
+   flight: that one counts as the next page's fetch); `load_average` is the 1-minute load average when
    the sync starts and when it ends, since on a shared machine the figures follow it;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back.

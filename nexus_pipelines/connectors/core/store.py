@@ -11,7 +11,8 @@ token, so an expired or stale poller writes nothing. Failures are scheduled dura
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -60,6 +61,9 @@ class PollClaim:
     lease_until: datetime
     cursor: str | None
     failure_count: int
+    # no other revision the request covers was due when this one was claimed: a scan that goes
+    # on is then most likely the next claim too (the poll run reads its next page ahead)
+    alone: bool = False
 
 
 # -- registrations -------------------------------------------------------------------
@@ -158,15 +162,17 @@ def poll_lease_held(conn: Connection, registration: Registration) -> bool:
 
 # -- poll claims ----------------------------------------------------------------------
 
-_CLAIM = """
+_DUE = "r.status = 'active' AND p.next_poll_at <= now() AND (p.lease_until IS NULL OR p.lease_until <= now())"
+# whether a revision the claim could take, other than {this} (its key columns), is due
+_OTHERS_DUE = f"""EXISTS (SELECT FROM connector_progress p
+                   JOIN connector_registrations r USING (tenant, registration_key, revision_id)
+                  WHERE {_DUE} {{only}} AND (p.tenant, p.registration_key, p.revision_id) <> ({{this}}))"""
+_CLAIM = f"""
 WITH due AS (
     SELECT p.tenant, p.registration_key, p.revision_id
       FROM connector_progress p
       JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-     WHERE r.status = 'active'
-       AND p.next_poll_at <= now()
-       AND (p.lease_until IS NULL OR p.lease_until <= now())
-       {only}
+     WHERE {_DUE} {{only}} {{unless}}
      ORDER BY p.next_poll_at
      LIMIT 1
        FOR UPDATE OF p SKIP LOCKED
@@ -178,8 +184,13 @@ UPDATE connector_progress p
  WHERE (p.tenant, p.registration_key, p.revision_id) = (due.tenant, due.registration_key, due.revision_id)
    AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
 RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count,
-          p.tenant, p.registration_key, p.revision_id
+          p.tenant, p.registration_key, p.revision_id,
+          NOT {_OTHERS_DUE.format(only="{only}", this="due.tenant, due.registration_key, due.revision_id")}
 """
+# in a page's flight: no claim when the page's cursor update kept its revision's lease for the next tick
+_UNLESS_KEPT = """AND NOT EXISTS (SELECT FROM connector_progress k
+                    WHERE (k.tenant, k.registration_key, k.revision_id) = (%(tenant)s, %(key)s, %(rev)s)
+                      AND k.lease_owner = %(owner)s AND k.lease_until > now())"""
 
 
 @dataclass(frozen=True)
@@ -207,10 +218,22 @@ def claim(conn: Connection, request: ClaimRequest) -> PollClaim | None:
     return _claimed(_send_claim(conn, request).fetchone(), request)
 
 
-def _send_claim(conn: Connection, request: ClaimRequest) -> Cursor:
-    only = "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
-    return conn.execute(_CLAIM.format(only=only), {"owner": request.owner, "ttl": request.ttl,
-                                                   "only": list(request.registration_ids or [])})
+def _only(request: ClaimRequest) -> str:
+    return "AND (p.tenant || '/' || p.registration_key) = ANY(%(only)s::text[])" if request.registration_ids else ""
+
+
+def _claim_params(request: ClaimRequest) -> dict:
+    return {"owner": request.owner, "ttl": request.ttl, "only": list(request.registration_ids or [])}
+
+
+def _send_claim(conn: Connection, request: ClaimRequest, unless_kept: Registration | None = None) -> Cursor:
+    """The claim statement, sent; `unless_kept`: in that revision's page flight, it claims nothing
+    when the page's cursor update kept the revision's lease."""
+    if unless_kept is None:
+        return conn.execute(_CLAIM.format(only=_only(request), unless=""), _claim_params(request))
+    r = unless_kept
+    return conn.execute(_CLAIM.format(only=_only(request), unless=_UNLESS_KEPT),
+                        {**_claim_params(request), "tenant": r.tenant, "key": r.key, "rev": r.revision_id})
 
 
 def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
@@ -221,7 +244,7 @@ def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
     except RegistrationError as exc:
         raise UnreadableRevision(str(exc), tenant=row[8], key=row[9], revision_id=row[10], token=row[4],
                                  failure_count=row[7]) from None
-    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7])
+    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7], row[11])
 
 
 _HOLD = """
@@ -241,13 +264,16 @@ def _hold(conn: Connection, claim: PollClaim) -> None:
 @dataclass(frozen=True)
 class IssueVersion:
     """One delivered issue version, as core admits it: the normalized issue and its digest, in
-    the receipt body (`body`) and that body's `canonical_json` (`canonical_body`)."""
+    the receipt body, held as its `canonical_json` (`canonical_body`, what is stored and hashed)."""
 
     external_ref: str
     updated_at: datetime
     digest: str
-    body: dict
     canonical_body: str
+
+    @property
+    def body(self) -> dict:
+        return json.loads(self.canonical_body)
 
 
 @dataclass(frozen=True)
@@ -262,31 +288,57 @@ class PageCommit:
 
 # the fence stops the transaction on the server (migration 0036), so the statements after it
 # and the COMMIT go out in the same flight: a stale poller's receipts and next claim abort with it
-_ADVANCE = """
-WITH advanced AS (
+# When the run goes on (`claims`), the scan goes on and no other revision the next claim could
+# take is due, this revision would be that claim: the update keeps its lease under a fresh token
+# instead of releasing it for the claim to take again (one row update a page, not two).
+_ADVANCE = f"""
+WITH keeps AS (
+    SELECT %(claims)s AND NOT %(exhausted)s
+           AND EXISTS (SELECT FROM connector_registrations
+                        WHERE (tenant, registration_key, revision_id) = (%(tenant)s, %(key)s, %(rev)s)
+                          AND status = 'active')
+           AND NOT {_OTHERS_DUE.format(only="{only}", this="%(tenant)s, %(key)s, %(rev)s")} AS keeps
+), advanced AS (
     UPDATE connector_progress
        SET cursor_token = %(cursor)s, exhausted = %(exhausted)s,
            next_poll_at = CASE WHEN %(exhausted)s THEN now() + make_interval(secs => %(interval)s) ELSE now() END,
-           lease_owner = NULL, lease_until = NULL, failure_count = 0, last_success_at = now(),
+           lease_owner = CASE WHEN keeps THEN %(owner)s END,
+           lease_token = CASE WHEN keeps THEN nextval('fencing_tokens') ELSE lease_token END,
+           lease_until = CASE WHEN keeps THEN now() + %(ttl)s END,
+           failure_count = 0, last_success_at = now(),
            throttled_until = NULL, pages = pages + 1, issues_delivered = issues_delivered + %(n)s, updated_at = now()
+      FROM keeps
      WHERE tenant = %(tenant)s AND registration_key = %(key)s AND revision_id = %(rev)s
        AND lease_token = %(token)s AND lease_until > now()
- RETURNING true
+ RETURNING keeps, lease_token, lease_until
 )
-SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s))
+SELECT coalesce((SELECT true FROM advanced), connector_poll_lease_lost(%(lost)s)),
+       (SELECT keeps FROM advanced), (SELECT lease_token FROM advanced), (SELECT lease_until FROM advanced)
 """
 LEASE_LOST_SQLSTATE = "NXL01"
 
 
+def _advance_params(then_claim: ClaimRequest | None) -> tuple[str, dict]:
+    """The cursor update's scope clause and claim parameters (none when the run stops here)."""
+    if then_claim is None:
+        return "", {"claims": False, "owner": None, "ttl": timedelta(0), "only": []}
+    return _only(then_claim), {"claims": True, **_claim_params(then_claim)}
+
+
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
-                exhausted: bool, then_claim: ClaimRequest | None = None) -> PageCommit:
+                exhausted: bool, then_claim: ClaimRequest | None = None,
+                in_flight: Callable[[], None] | None = None) -> PageCommit:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
-    none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs) is
-    taken in the same transaction, so a walk of many pages costs one commit per page, not two.
+    none). With `then_claim`, the next tick's claim (the same statement `claim_due` runs, unless
+    the cursor update kept this revision's lease because it is that claim) is taken in the same
+    transaction, so a walk of many pages costs one commit per page, not two.
     Raises PollLeaseLost, writing nothing, when the claim is no longer current. `conn` is an
-    autocommit connection outside a transaction: the commit is its own.
+    autocommit connection outside a transaction: the commit is its own. `in_flight` runs once the
+    flight, COMMIT included, is sent and before its answer is read, so its work overlaps the
+    server's commit (not at all when a failure already came back while it was sent); it must
+    not raise (the transaction may already be committed).
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
@@ -300,13 +352,16 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         with conn.pipeline():
             conn.execute("BEGIN")
             # the fenced cursor update first: it locks the progress row, so it is also the hold
-            conn.execute(_ADVANCE, {
-                "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds,
+            only, params = _advance_params(then_claim)
+            advance = conn.execute(_ADVANCE.format(only=only), {
+                **params, "cursor": next_cursor, "exhausted": exhausted, "interval": r.poll_interval_seconds,
                 "n": len(versions), "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token,
                 "lost": lost})
-            next_claim = _send_claim(conn, then_claim) if then_claim is not None else None
+            next_claim = _send_claim(conn, then_claim, unless_kept=r) if then_claim is not None else None
             admitted = send_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
             conn.execute("COMMIT")
+            if in_flight is not None:
+                in_flight()
     except BaseException as exc:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()  # the flight's transaction did not commit: none of it is written
@@ -314,6 +369,10 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
             raise PollLeaseLost(lost) from None
         raise
     refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
+    _, kept, token, lease_until = advance.fetchone()
+    if kept:  # no other revision was due: the next claim is this revision, alone, at the stored cursor
+        return PageCommit(refs, PollClaim(r, claim.revision_no, then_claim.owner, token, lease_until, next_cursor,
+                                          failure_count=0, alone=True))
     try:
         return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written
@@ -425,11 +484,10 @@ def progress(conn: Connection, registration_ids: Sequence[str] | None = None) ->
 def due_registrations(conn: Connection, limit: int = 1000) -> list[tuple[str, str, int]]:
     """(registration id, revision id, revision no) of active revisions due for a poll: the sensor's probe."""
     return conn.execute(
-        """SELECT p.tenant || '/' || p.registration_key, p.revision_id, r.revision_no
+        f"""SELECT p.tenant || '/' || p.registration_key, p.revision_id, r.revision_no
              FROM connector_progress p
              JOIN connector_registrations r USING (tenant, registration_key, revision_id)
-            WHERE r.status = 'active' AND p.next_poll_at <= now()
-              AND (p.lease_until IS NULL OR p.lease_until <= now())
+            WHERE {_DUE}
             ORDER BY p.next_poll_at LIMIT %s""",
         (limit,),
     ).fetchall()

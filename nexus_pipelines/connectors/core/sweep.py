@@ -37,7 +37,7 @@ from nexus_pipelines.connectors.core.sweep_values import (
     SweepSource,
     UnchangedPage,
 )
-from nexus_pipelines.connectors.core.tick import issue_version
+from nexus_pipelines.connectors.core.tick import IssueVersions
 from nexus_pipelines.connectors.core.values import FetchFailure
 from nexus_pipelines.redaction import one_line
 from nexus_pipelines.workqueue.receipts import canonical_json
@@ -237,7 +237,7 @@ def _gaps(conn: Connection, registration: Registration, listed: dict[str, dateti
 def _reobserve(conn: Connection, registration: Registration, source: SweepSource, executor: RetryExecutor,
                report: SweepReport, deadline: float, claim_lease: Callable[[], store.PollClaim | None]) -> None:
     """Read each gap in full, then admit the versions under the poll lease, compared again."""
-    versions = []
+    versions, version = [], IssueVersions(registration)
     for gap in report.gaps:
         if time.monotonic() >= deadline:
             report.outcome, report.detail = "partial", "the time budget ended while reading gaps; the next sweep " \
@@ -250,7 +250,7 @@ def _reobserve(conn: Connection, registration: Registration, source: SweepSource
             report.detail = one_line(f"reading {gap.external_ref}: {result.reason}: {result.detail}", 300)
             break
         if result.issue is not None:  # gone or excluded since the listing: nothing to observe
-            versions.append(issue_version(result.issue, registration))
+            versions.append(version(result.issue))
     if not versions:
         return
     claim = claim_lease()
@@ -273,7 +273,7 @@ def _reobserve(conn: Connection, registration: Registration, source: SweepSource
 def _swept(version: store.IssueVersion) -> store.IssueVersion:
     """The same receipt body a poll writes, marked so the observation opens a sweep-gap finding."""
     body = {**version.body, SWEPT_MARK: True}
-    return store.IssueVersion(version.external_ref, version.updated_at, version.digest, body, canonical_json(body))
+    return store.IssueVersion(version.external_ref, version.updated_at, version.digest, canonical_json(body))
 
 
 def _claim(conn: Connection, registry: ConnectorRegistry, registration: Registration, owner: str, wait_s: float,

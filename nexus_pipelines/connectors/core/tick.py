@@ -21,7 +21,7 @@ from psycopg import Connection
 
 from nexus_pipelines.backoff import capped_exponential
 from nexus_pipelines.connectors.core import store
-from nexus_pipelines.connectors.core.executor import RetryExecutor
+from nexus_pipelines.connectors.core.executor import InvocationLog, RetryExecutor
 from nexus_pipelines.connectors.core.protocol import IssueConnector
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
@@ -30,7 +30,8 @@ from nexus_pipelines.connectors.core.values import (
     ExternalIssuePage,
     FetchFailure,
     FetchIssuePage,
-    digest_form,
+    FetchIssuePageResult,
+    canonical_form,
     digest_of,
 )
 from nexus_pipelines.redaction import contains_registered_secret, describe_exception
@@ -114,62 +115,119 @@ def _claim(conn: Connection, request: store.ClaimRequest) -> NextClaim:
         return unreadable
 
 
+Fetched = tuple[FetchIssuePageResult, InvocationLog, float]  # the result, the executor's log, seconds
+
+
+def _fetch(executor: RetryExecutor, adapter: IssueConnector, request: FetchIssuePage) -> Fetched:
+    started = time.perf_counter()
+    result, log = executor.fetch(adapter, request)
+    return result, log, time.perf_counter() - started
+
+
+def _page_request(claim: store.PollClaim) -> FetchIssuePage:
+    return FetchIssuePage(cursor=claim.cursor, page_size=claim.registration.page_size)
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """A revision's next page, fetched while the commit of the page before was in flight: the
+    request its scan makes next (the page's next cursor, which the commit stores)."""
+
+    revision_id: str
+    request: FetchIssuePage
+    fetched: Fetched
+
+    def page_for(self, claim: NextClaim) -> Fetched | None:
+        """The page when `claim` asks for exactly it (same revision, cursor and page size), else
+        None: it is discarded, and nothing of it was written."""
+        if isinstance(claim, store.PollClaim) and claim.registration.revision_id == self.revision_id \
+                and _page_request(claim) == self.request:
+            return self.fetched
+        return None
+
+
 def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compose: Composer, executor: RetryExecutor,
-          rng: random.Random | None, *, claim_next: bool) -> tuple[TickReport | None, NextClaim]:
-    """Run one tick on a claim already taken; with `claim_next`, a page's commit also takes the
-    next tick's claim, returned beside the report."""
+          rng: random.Random | None, *, claim_next: bool,
+          fetched: Fetched | None = None) -> tuple[TickReport | None, NextClaim, ReadAhead | None]:
+    """Run one tick on a claim already taken (its page already `fetched` when it was read ahead);
+    with `claim_next`, a page's commit also takes the next tick's claim, returned beside the
+    report, with the next page of a scan that goes on, read while the commit is in flight, when
+    this claim was `alone` (else the next claim is most likely another revision)."""
     if isinstance(claim, store.UnreadableRevision):
-        return _unreadable(conn, claim, rng), None
+        return _unreadable(conn, claim, rng), None, None
     if claim is None:
-        return None, None
+        return None, None, None
     registration = claim.registration
     report = TickReport(registration.registration_id, registration.revision_id, "page")
     try:
         adapter = compose(registration)
     except Exception as exc:  # noqa: BLE001 - a composition failure is a durable, visible failure
         return _fail(conn, claim, report, "terminal", "composition_failed", describe_exception(exc, 300), None,
-                     rng), None
-    started = time.perf_counter()
-    result, log = executor.fetch(adapter, FetchIssuePage(cursor=claim.cursor, page_size=registration.page_size))
-    report.fetch_s = time.perf_counter() - started
+                     rng), None, None
+    result, log, report.fetch_s = fetched or _fetch(executor, adapter, _page_request(claim))
     report.attempts, report.sleeps_s = log.attempts, sum(log.sleeps)
     if isinstance(result, FetchFailure):
         return _fail(conn, claim, report, result.retry_class, result.reason, result.detail,
-                     result.retry_after_seconds, rng), None
+                     result.retry_after_seconds, rng), None, None
     problem = _check_page(result, registration)
     if problem:
-        return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng), None
-    versions = [issue_version(issue, registration) for issue in result.issues]
+        return _fail(conn, claim, report, "terminal", "contract_violation", problem, None, rng), None, None
+    version = IssueVersions(registration)
+    versions = [version(issue) for issue in result.issues]
+    ahead: list[ReadAhead] = []
+
+    def read_next() -> None:  # the scan's next request, the same one the next tick would make
+        following = FetchIssuePage(cursor=result.next_cursor, page_size=registration.page_size)
+        ahead.append(ReadAhead(registration.revision_id, following, _fetch(executor, adapter, following)))
+
+    # an exhausted scan is not due again at once: its next claim is not this revision
+    reads_ahead = claim_next and claim.alone and not result.exhausted
     started = time.perf_counter()
     try:
         commit = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor, exhausted=result.exhausted,
-                                   then_claim=request if claim_next else None)
-    except store.PollLeaseLost as exc:
+                                   then_claim=request if claim_next else None,
+                                   in_flight=read_next if reads_ahead else None)
+    except store.PollLeaseLost as exc:  # the page read ahead, if any, is dropped with it
         report.outcome, report.failure = "lost", str(exc)
-        return report, None
-    report.commit_s = time.perf_counter() - started
+        return report, None, None
+    # the commit's own time: the read ahead inside it is the next tick's fetch
+    report.commit_s = time.perf_counter() - started - sum(a.fetched[2] for a in ahead)
     report.admitted_refs, report.admitted = commit.admitted_refs, len(commit.admitted_refs)
     report.issues, report.excluded, report.rescan = len(result.issues), result.excluded, result.rescan
     report.exhausted, report.cursor = result.exhausted, result.next_cursor
-    return report, commit.next_claim
+    return report, commit.next_claim, ahead[0] if ahead else None
 
 
-def issue_version(issue: ExternalIssue, registration: Registration) -> store.IssueVersion:
-    """What a receipt carries: the normalized issue plus the facts core adds (digest, mapped
-    labels, the revision and ticket project it was polled for), and that body's canonical JSON."""
-    dumped = issue.model_dump(mode="json")
-    form = digest_form(dumped)
-    digest = digest_of(form)
-    facts = {
-        "digest": digest,
-        "labels": list(registration.map_labels(issue.source_labels)),
-        "revision_id": registration.revision_id,
-        "project": registration.project,
-    }
-    # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
-    canonical = canonical_json_with(facts, issue=form if form.isascii() else canonical_json(dumped))
-    return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, {"issue": dumped, **facts},
-                              canonical)
+_HOLE = "\x00"  # never inside canonical JSON text, which escapes every control character
+
+
+class IssueVersions:
+    """What a receipt carries, for one registration's issues: the normalized issue plus the facts
+    core adds (digest, mapped labels, the revision and ticket project it was polled for), and
+    that body's canonical JSON. The facts every receipt shares are serialized once, and each
+    label set is mapped once, not once per issue."""
+
+    def __init__(self, registration: Registration) -> None:
+        self._registration = registration
+        shared = {"revision_id": registration.revision_id, "project": registration.project}
+        # the body's canonical JSON with a hole for each entry of its own, in key order
+        self._parts = canonical_json_with(shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE)
+        self._labels: dict[tuple[str, ...], str] = {}  # the mapped labels' canonical JSON by label set
+
+    def __call__(self, issue: ExternalIssue) -> store.IssueVersion:
+        form = canonical_form(issue)
+        digest = digest_of(form)
+        # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
+        body_form = form if form.isascii() else canonical_json(issue.model_dump(mode="json"))
+        entries = (canonical_json(digest), body_form, self._labels_json(issue.source_labels))
+        head, *after = self._parts
+        canonical = head + "".join(entry + part for entry, part in zip(entries, after, strict=True))
+        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, canonical)
+
+    def _labels_json(self, source_labels: tuple[str, ...]) -> str:
+        if source_labels not in self._labels:
+            self._labels[source_labels] = canonical_json(list(self._registration.map_labels(source_labels)))
+        return self._labels[source_labels]
 
 
 def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_class: str, reason: str, detail: str,
@@ -238,11 +296,16 @@ def poll(
     is due again at once, so one run walks a full sync page by page. A page's commit takes
     the next tick's claim in its own transaction (one commit per page); a claim the run no
     longer uses is given back when it stops.
+
+    A revision claimed while no other was due has its next page fetched while its page's
+    commit is in flight (before `on_tick` reports that page); the next tick uses it only when
+    its claim is the same revision at that cursor, so nothing of it is written unless that
+    commit succeeded.
     """
     run = PollRunReport()
     deadline = time.monotonic() + time_budget_s
     request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
-    claim, taken = None, False  # taken: the previous page's commit claimed for this tick
+    claim, taken, ahead = None, False, None  # taken: the previous page's commit claimed for this tick
     while True:
         if len(run.ticks) >= max_ticks:
             run.stopped = "max_ticks"
@@ -252,9 +315,11 @@ def poll(
             break
         if not taken:
             claim = _claim(conn, request)
+        fetched = ahead.page_for(claim) if ahead is not None else None
         # the page's commit takes the next tick's claim when the run will go on
         goes_on = len(run.ticks) + 1 < max_ticks and time.monotonic() < deadline
-        report, claim = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on)
+        report, claim, ahead = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on,
+                                     fetched=fetched)
         if report is None:
             run.stopped = "idle"
             break

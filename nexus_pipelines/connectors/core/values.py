@@ -11,7 +11,6 @@ strings whose parts the adapter chooses from immutable provider ids.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Literal, Self
@@ -33,7 +32,9 @@ KIND_PATTERN = r"^[a-z][a-z0-9_]{1,31}$"
 # kind:container:item, each part free of ':' and whitespace; e.g. gitlab:278964:42
 EXTERNAL_REF_PATTERN = r"^[a-z][a-z0-9_]{1,31}:[A-Za-z0-9._-]{1,128}:[A-Za-z0-9._-]{1,128}$"
 _PRINTABLE = re.compile(r"^[\x21-\x7e]+$")
-_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+# no control character but tab, line feed and carriage return: a pattern, so the validator core
+# checks it without a Python call per text (a page holds hundreds of texts)
+NO_CONTROL_PATTERN = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
 
 RETRYABLE_REASONS = frozenset(
     {"timeout", "transport_connect", "transport_read", "transport_protocol", "throttled", "provider_5xx"}
@@ -51,12 +52,6 @@ RetryClass = Literal["retryable", "terminal"]
 _STRICT = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-def _no_control_chars(value: str) -> str:
-    if not value.isprintable() and _CONTROL.search(value):  # a printable text has no control character
-        raise ValueError("control characters are not allowed")
-    return value
-
-
 def _utc(value: datetime) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError("timestamps must carry a time zone")
@@ -69,7 +64,7 @@ def _cursor(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_no_control_chars)]
+Text = Annotated[str, Field(pattern=NO_CONTROL_PATTERN)]
 AwareDatetime = Annotated[datetime, AfterValidator(_utc)]
 CursorToken = Annotated[str, Field(min_length=1, max_length=CURSOR_MAX_CHARS), AfterValidator(_cursor)]
 ExternalRef = Annotated[str, Field(pattern=EXTERNAL_REF_PATTERN)]
@@ -77,22 +72,23 @@ Detail = Annotated[str, Field(max_length=DETAIL_MAX_CHARS)]
 
 
 class ExternalIssue(BaseModel):
-    """One provider issue, normalized: the only fields core ever sees."""
+    """One provider issue, normalized: the only fields core ever sees. The fields are declared in
+    key order, so the model's own JSON is its canonical form (`canonical_form`)."""
 
     model_config = _STRICT
 
     connector_kind: Annotated[str, Field(pattern=KIND_PATTERN)]
-    external_ref: ExternalRef
-    title: Annotated[Text, Field(min_length=1, max_length=TITLE_MAX_CHARS)]
     description: Annotated[Text, Field(max_length=DESCRIPTION_MAX_CHARS)]
+    display_url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")]
+    external_ref: ExternalRef
+    external_state: Literal["open", "closed"]
+    external_updated_at: AwareDatetime
+    reporter_display_name: Annotated[Text, Field(max_length=255)]
+    reporter_ref: Annotated[Text, Field(min_length=1, max_length=255)]
     source_labels: Annotated[
         tuple[Annotated[Text, Field(min_length=1, max_length=LABEL_MAX_CHARS)], ...], Field(max_length=MAX_LABELS)
     ]
-    reporter_ref: Annotated[Text, Field(min_length=1, max_length=255)]
-    reporter_display_name: Annotated[Text, Field(max_length=255)]
-    external_state: Literal["open", "closed"]
-    external_updated_at: AwareDatetime
-    display_url: Annotated[str, Field(min_length=1, max_length=2048, pattern=r"^https?://[^\s]+$")]
+    title: Annotated[Text, Field(min_length=1, max_length=TITLE_MAX_CHARS)]
 
     @model_validator(mode="after")
     def _ref_names_the_kind(self) -> Self:
@@ -101,18 +97,15 @@ class ExternalIssue(BaseModel):
         return self
 
 
-def source_version_digest(issue: ExternalIssue, dumped: dict | None = None) -> str:
-    """sha256 over the canonical JSON of the normalized value (the observation digest);
-    `dumped` is the issue's `model_dump(mode="json")` when the caller has it already."""
-    return digest_of(digest_form(issue.model_dump(mode="json") if dumped is None else dumped))
+def source_version_digest(issue: ExternalIssue) -> str:
+    """sha256 over the canonical JSON of the normalized value (the observation digest)."""
+    return digest_of(canonical_form(issue))
 
 
-_DIGEST_FORM = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)  # built once
-
-
-def digest_form(dumped: dict) -> str:
-    """The canonical JSON the observation digest is taken over (non-ASCII characters kept as they are)."""
-    return _DIGEST_FORM.encode(dumped)
+def canonical_form(issue: ExternalIssue) -> str:
+    """The canonical JSON the digest is taken over: keys sorted, no spaces, non-ASCII characters
+    kept as they are; serialized by the validator core in one call (the fields are in key order)."""
+    return issue.model_dump_json()
 
 
 def digest_of(form: str) -> str:
@@ -246,4 +239,6 @@ def first_error(exc: ValidationError) -> str:
     """Where a value broke its schema and which rule it broke (a limit says its bound), without
     echoing the value."""
     first = exc.errors(include_input=False)[0]
-    return f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"[:250]
+    control = first.get("ctx", {}).get("pattern") == NO_CONTROL_PATTERN
+    message = "control characters are not allowed" if control else first["msg"]
+    return f"{'.'.join(str(p) for p in first['loc'])}: {message}"[:250]

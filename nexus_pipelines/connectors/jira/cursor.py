@@ -60,21 +60,27 @@ JQL_ORDER = "ORDER BY updated ASC, id ASC"
 _EARLIEST, _LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)  # any zone can show these
 
 
-def jql_minute(bound: datetime, zone: ZoneInfo) -> str:
-    """The latest `yyyy-MM-dd HH:mm` wall time in `zone` that means no instant after `bound`,
+def _jql_wall_minute(bound: datetime, zone: ZoneInfo) -> datetime:
+    """The latest wall-time minute in `zone` (naive) that means no instant after `bound`,
     whichever offset Jira picks for a wall time a daylight-saving change makes ambiguous."""
     local = bound.astimezone(zone).replace(second=0, microsecond=0, tzinfo=None)
     while max(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)) > bound:
         local -= timedelta(minutes=1)
-    return local.strftime("%Y-%m-%d %H:%M")
+    return local
+
+
+def jql_minute(bound: datetime, zone: ZoneInfo) -> str:
+    """`bound` as the `yyyy-MM-dd HH:mm` JQL literal (`_jql_wall_minute`)."""
+    return _jql_wall_minute(bound, zone).strftime("%Y-%m-%d %H:%M")
 
 
 def earliest_meaning(bound: datetime | None, zone: ZoneInfo) -> datetime | None:
     """The earliest instant the JQL literal for `bound` can mean: Jira never answers an issue
-    updated before it unless it read the literal in another time zone."""
+    updated before it unless it read the literal in another time zone. (Taken from the wall
+    minute itself, not its text read back: a scan asks this of every issue of a page.)"""
     if bound is None:
         return None
-    local = datetime.strptime(jql_minute(bound, zone), "%Y-%m-%d %H:%M")
+    local = _jql_wall_minute(bound, zone)
     return min(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1))
 
 

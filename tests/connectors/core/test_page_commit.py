@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from nexus_pipelines.connectors.core import store
-from nexus_pipelines.connectors.core.tick import issue_version, poll
+from nexus_pipelines.connectors.core.tick import IssueVersions, poll
 from nexus_pipelines.connectors.core.values import ExternalIssue, FetchIssuePage
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
@@ -62,6 +62,29 @@ def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_p
     assert counting.commits == 1 + 3, counting.commits  # the first claim, then one commit per page
 
 
+def test_a_walk_updates_the_progress_row_once_a_page_when_the_revision_is_its_own_next_claim(pool):
+    plant, registration = _due(pool, "once-a-page", issues=10)
+    with pool.connection() as conn:
+        conn.execute("CREATE TABLE progress_row_updates (registration_key text)")
+        conn.execute("""CREATE FUNCTION count_progress_update() RETURNS trigger LANGUAGE plpgsql AS
+                        $$ BEGIN INSERT INTO progress_row_updates VALUES (NEW.registration_key); RETURN NEW; END $$""")
+        conn.execute("CREATE TRIGGER count_progress_update AFTER UPDATE ON connector_progress "
+                     "FOR EACH ROW EXECUTE FUNCTION count_progress_update()")
+        try:
+            report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                          registration_ids=[registration.registration_id])
+            (updates,) = conn.execute("SELECT count(*) FROM progress_row_updates WHERE registration_key = %s",
+                                      (registration.key,)).fetchone()
+            progress = conn.execute("SELECT cursor_token, pages, lease_until FROM connector_progress "
+                                    "WHERE registration_key = %s", (registration.key,)).fetchone()
+        finally:
+            conn.execute("DROP TRIGGER count_progress_update ON connector_progress")
+    assert [t.outcome for t in report.ticks] == ["page"] * 3 and report.stopped == "idle"
+    assert updates == 1 + 3  # the first claim, then each page's cursor update, which also kept the lease
+    assert progress == (report.ticks[-1].cursor, 3, None)
+    assert report.totals["admitted"] == 10
+
+
 def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(pool):
     plant, registration = _due(pool, "budget", issues=10)
     with pool.connection() as conn:
@@ -98,7 +121,7 @@ def test_a_stale_page_commit_writes_no_receipt_and_takes_no_next_claim(pool):
         store.request_poll(conn, [registration.registration_id])
         stale = expired_claim(conn, registration)
         with pytest.raises(store.PollLeaseLost):
-            store.commit_page(conn, stale, [issue_version(issue, registration)], next_cursor="stale", exhausted=False,
+            store.commit_page(conn, stale, [IssueVersions(registration)(issue)], next_cursor="stale", exhausted=False,
                               then_claim=store.ClaimRequest(REGISTRY, "slow", timedelta(seconds=60)))
         (receipts,) = conn.execute("SELECT count(*) FROM ingress_receipts WHERE registration_id = %s",
                                    (registration.registration_id,)).fetchone()
@@ -118,7 +141,7 @@ def test_a_page_receipt_stores_the_issue_version_body_its_hash_and_its_unchanged
     issue = ExternalIssue(connector_kind="gitlab", external_ref="gitlab:1:7", title=title, description="é\n",
                           source_labels=("bug",), reporter_ref="gitlab-user:1", reporter_display_name="r",
                           external_state="open", external_updated_at=datetime.now(UTC), display_url="https://x.test/7")
-    version = issue_version(issue, registration)
+    version = IssueVersions(registration)(issue)
     assert version.canonical_body == canonical_json(version.body)  # the spliced form is the canonical one
     assert version.digest == source_version_digest(issue) == version.body["digest"]
     with pool.connection() as conn:
@@ -144,7 +167,7 @@ def _syncs_of_one_page_commit(pool, tmp_path, key: str) -> int:
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
                                 registration_ids=[registration.registration_id])
         page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
-        versions = [issue_version(i, registration) for i in page.issues]
+        versions = [IssueVersions(registration)(i) for i in page.issues]
         with trace.open("w") as out:
             conn.pgconn.trace(out.fileno())
             conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
@@ -173,8 +196,8 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
                                 registration_ids=[registration.registration_id])
         page, _ = executor().fetch(adapter, FetchIssuePage(cursor=None, page_size=4))
-        fine, big = (issue_version(i, registration) for i in page.issues)
-        too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest, big.body,
+        fine, big = map(IssueVersions(registration), page.issues)
+        too_big = store.IssueVersion(big.external_ref, big.updated_at, big.digest,
                                      '{"t":"' + "x" * BODY_SNAPSHOT_LIMIT + '"}')
         with pytest.raises(ValueError, match="exceeds"):
             store.commit_page(conn, claim, [fine, too_big], next_cursor=page.next_cursor, exhausted=False)
@@ -196,3 +219,58 @@ def test_a_page_commit_refuses_to_run_inside_a_callers_transaction(pool):
         (cursor,) = conn.execute("SELECT cursor_token FROM connector_progress WHERE registration_key = %s",
                                  (registration.key,)).fetchone()
     assert cursor is None
+
+
+def test_a_page_maps_each_label_set_once_and_serializes_the_facts_its_receipts_share_once(pool, monkeypatch):
+    from nexus_pipelines.connectors.core import tick
+    from nexus_pipelines.connectors.core.registration import Registration
+    from nexus_pipelines.workqueue.receipts import payload_hash
+
+    calls = {"map_labels": 0, "canonical_json_with": 0}
+
+    def counted(name, function):
+        def call(*args, **kwargs):
+            calls[name] += 1
+            return function(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(Registration, "map_labels", counted("map_labels", Registration.map_labels))
+    monkeypatch.setattr(tick, "canonical_json_with", counted("canonical_json_with", tick.canonical_json_with))
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="shared-facts", page_size=100)
+    plant.activate(registration)
+    plant.world.add_issues(20)  # every other issue labelled "bug": two label sets
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id], max_ticks=1)
+        rows = conn.execute("SELECT body, payload_hash FROM ingress_receipts WHERE registration_id = %s",
+                            (registration.registration_id,)).fetchall()
+    assert report.ticks[0].admitted == len(rows) == 20
+    assert calls == {"map_labels": 2, "canonical_json_with": 1}
+    assert sorted(body["labels"] for body, _ in rows) == [[]] * 10 + [["bug"]] * 10
+    assert all(body["revision_id"] == registration.revision_id and body["project"] == registration.project
+               for body, _ in rows)
+    # the body text the page built is the canonical form of what was stored
+    assert all(stored_hash == payload_hash(body) for body, stored_hash in rows)
+
+
+def test_a_page_serializes_each_all_ascii_issue_once_for_its_digest_and_its_receipt_body(pool, monkeypatch):
+    calls = {"model_dump": 0, "model_dump_json": 0}
+
+    def counted(name):
+        function = getattr(ExternalIssue, name)
+
+        def call(self, *args, **kwargs):
+            calls[name] += 1
+            return function(self, *args, **kwargs)
+        return call
+
+    for name in calls:
+        monkeypatch.setattr(ExternalIssue, name, counted(name))
+    plant, registration = _due(pool, "serialized-once", issues=4)
+    with pool.connection() as conn:
+        report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id], max_ticks=1)
+    assert report.ticks[0].admitted == 4
+    assert calls == {"model_dump": 0, "model_dump_json": 4}

@@ -19,6 +19,7 @@ from nexus_pipelines.connectors.core.values import (
     ExternalIssuePage,
     FetchFailure,
     FetchIssuePage,
+    first_error,
     source_version_digest,
 )
 
@@ -97,7 +98,50 @@ def test_the_digest_of_an_issue_stays_what_earlier_releases_stored():
     stored = issue(title='Crème brûlée "quoted"', description="line one\nline\ttwo", source_labels=("bug", "ünïcode"),
                    external_updated_at=datetime(2026, 1, 1, 10, 30, tzinfo=timezone(timedelta(hours=2))))
     assert source_version_digest(stored) == "sha256:c444509964a8a2b35de91247193984b5c2a82d1baa73899d10221541f97d2745"
-    assert source_version_digest(stored, stored.model_dump(mode="json")) == source_version_digest(stored)
+
+
+@pytest.mark.parametrize("text", ['quote " backslash \\ slash / </script>', "line\r\nbreak\ttab", "Crème ✓ 問題 😀",
+                                  "line\u2028para\u2029 nbsp\u00a0 zwj\u200d rtl\u200f bom\ufeff", "e\u0301 combining"])
+def test_the_canonical_form_is_the_sorted_compact_json_of_the_issue_with_non_ascii_kept(text):
+    """What the digest is taken over, however it is produced: the issue's JSON with its keys
+    sorted, no spaces, and non-ASCII characters as they are."""
+    import json
+
+    from nexus_pipelines.connectors.core.values import canonical_form
+
+    value = issue(title=text, description=text, source_labels=(text, "b"), reporter_display_name=text,
+                  external_updated_at=datetime(2026, 1, 1, 10, 30, 15, 250000, tzinfo=timezone(timedelta(hours=-5))))
+    expected = json.dumps(value.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    assert canonical_form(value) == expected
+
+
+@pytest.mark.parametrize("changes", [{"title": "bell\x07"}, {"description": "nul\x00"},
+                                     {"source_labels": ("ok", "del\x7f")}, {"reporter_display_name": "esc\x1b"}])
+def test_a_control_character_in_an_issue_text_is_a_clear_error(changes):
+    with pytest.raises(ValidationError) as refused:
+        issue(**changes)
+    assert "control characters are not allowed" in first_error(refused.value)
+
+
+def test_building_an_issue_calls_no_python_validator_per_text():
+    """The text rules run in the validator core: a page of 100 issues does not call back into
+    Python for each of their titles, descriptions, labels and reporters."""
+    import sys
+
+    from nexus_pipelines.connectors.core import values
+
+    called = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == values.__file__:
+            called.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        issue(title="title", description="body\n", source_labels=("a", "b", "c"), reporter_display_name="R")
+    finally:
+        sys.setprofile(None)
+    assert sorted(called) == ["_ref_names_the_kind", "_utc"]  # one per issue each, whatever its texts
 
 
 def test_text_keeps_its_line_breaks_and_tabs():

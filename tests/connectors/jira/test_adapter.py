@@ -100,6 +100,32 @@ def test_a_jql_minute_never_means_a_later_instant_across_a_daylight_saving_chang
     assert jql_minute(datetime(2026, 11, 1, 9, 17, 59, tzinfo=UTC), ZoneInfo("Australia/Sydney")) == "2026-11-01 20:17"
 
 
+def test_the_earliest_meaning_of_a_bound_is_the_earliest_instant_its_jql_literal_means():
+    from nexus_pipelines.connectors.jira.cursor import earliest_meaning
+
+    for name in ("America/New_York", "Australia/Sydney", "UTC", "Asia/Kolkata"):
+        zone = ZoneInfo(name)
+        for minutes in range(0, 48 * 60, 7):  # two days around New York's fall-back night, every 7 minutes
+            bound = datetime(2026, 10, 31, 12, 0, 29, 500_000, tzinfo=UTC) + timedelta(minutes=minutes)
+            literal = datetime.strptime(jql_minute(bound, zone), "%Y-%m-%d %H:%M")
+            meanings = [literal.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)]
+            assert earliest_meaning(bound, zone) == min(meanings) and max(meanings) <= bound
+
+
+def test_a_page_of_issues_reads_no_jql_literal_back_for_the_scan_rules(world, monkeypatch):
+    """The scan asks the earliest meaning of every issue's update time: from the wall minute,
+    not from its text parsed again."""
+    import _strptime
+
+    parsed = []
+    real = _strptime._strptime_datetime
+    monkeypatch.setattr(_strptime, "_strptime_datetime", lambda *args: parsed.append(args) or real(*args))
+    world.add_issues(30)
+    page = fetch(world, page_size=30)
+    assert isinstance(page, ExternalIssuePage) and len(page.issues) == 30
+    assert parsed == []
+
+
 def test_many_issues_inside_one_minute_cross_page_boundaries_without_a_gap_or_a_repeat(world):
     start = world.state.clock.now().replace(second=0, microsecond=0)
     ids = [world.state.add_issue(world.cloud_id, PROJECT_ID, summary=f"tie {n}",
