@@ -11,7 +11,11 @@ start barrier to the last worker finishing). Every run is verified in the databa
 each job's handler ran exactly once and the queue itself shows every job done.
 Each run also reports its WAL bytes per item (the server's WAL position around the
 run, `bench/peers/common.py`). With both systems measured, `nexus_vs_raw` is nexus's
-throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`).
+throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`): the median,
+over the --repeat rounds, of each round's ratio (a round runs nexus, then raw, back to
+back). The raw loop's throughput swings by a factor of two between runs on a shared
+machine, so a ratio of two medians taken at different times says little: use --repeat 3
+or more.
 Progress goes to stderr; the last line of stdout is one JSON object.
 
 Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): nexus drains the same
@@ -89,11 +93,12 @@ def _gates(n: int, with_event_path: bool) -> int:
     return 0 if result["verified"] else 1
 
 
-def _ratio(summaries: dict[str, dict], system: str, baseline: str) -> float | None:
-    a, b = summaries.get(system), summaries.get(baseline)
-    if not (a and b and a["verified"] and b["verified"]):
+def _pair_ratios(runs: dict[str, list], system: str, baseline: str) -> list[float] | None:
+    """`system`'s throughput over `baseline`'s in each round (the two ran back to back)."""
+    a, b = runs.get(system), runs.get(baseline)
+    if not (a and b and all(r.ok for r in a + b)):
         return None
-    return round(a["jobs_per_s"] / b["jobs_per_s"], 3)
+    return [round(x.jobs_per_s / y.jobs_per_s, 3) for x, y in zip(a, b)]
 
 
 def _other_lanes_rate(runs: list) -> float | None:
@@ -129,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=20000)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=1, help="runs per system; the median is reported")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (one run per system each); the medians are reported")
     parser.add_argument("--systems", default=",".join(DRIVERS), help=f"comma-separated subset of {','.join(DRIVERS)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per system run before it fails")
     parser.add_argument("--hot-items", type=int, default=10000, metavar="H",
@@ -180,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         detail = last["error"] or f"effects {last['effects']}/{last['distinct_effects']} distinct, queue {last['queue']}"
         wal = f"{s['wal_bytes_per_item']:>7,.0f} B WAL/item" if s["verified"] else ""
         print(f"  {system:<16} {rate}  {wal}  {detail}  options {s['options']}")
-    ratio = _ratio(summaries, "nexus", "raw_skip_locked")
+    pair_ratios = _pair_ratios(runs, "nexus", "raw_skip_locked")
+    ratio = round(statistics.median(pair_ratios), 3) if pair_ratios else None
     if ratio is not None:
-        print(f"  nexus_vs_raw {ratio:.3f}")
+        print(f"  nexus_vs_raw {ratio:.3f} (median of the rounds' ratios {pair_ratios})")
     if fairness is not None:
         print(f"  fairness: other lanes {fairness['other_lanes_items_per_s_without_hot']} items/s without, "
               f"{fairness['other_lanes_items_per_s_with_hot']} with {args.hot_items} hot-lane items: "
@@ -196,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
         **{f"{system}_wal_bytes_per_item": summaries[system]["wal_bytes_per_item"] for system in summaries},
         "nexus_vs_raw": ratio,
+        "nexus_vs_raw_rounds": pair_ratios,
         "fairness_slowdown": fairness and fairness["fairness_slowdown"],
         "fairness": fairness,
         "verified": bool(summaries) and all(s["verified"] for s in summaries.values())
