@@ -50,8 +50,10 @@ into one grouped by target lane). The first item stays in the walk, so a lane wi
 waiting item is never written, and a busy lane costs a walk one row. Each claim also
 looks at the first due item of every parked lane that runs nothing (one probe per parked
 lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
-(`_CLAIM`, every call) only reports the busy lanes it met and whether a lane is parked;
-parking and the parked lanes (`_CLAIM_PARKED`) run as a second statement only then, so
+(`_CLAIM`, every call) only reports the busy lanes it met and whether a parked lane runs
+nothing (a parked lane whose target is busy has nothing to give: while one hot lane stays
+busy, claims run no second statement); parking and the parked lanes (`_CLAIM_PARKED`) run
+as a second statement only then, so
 the common claim keeps a plain walk's plan (one statement doing both was planned afresh
 on every call). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
@@ -282,10 +284,33 @@ taken AS (
               w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
 )"""
 
-# The claim every call runs: the walk and nothing of the parked lanes but one probe, so
-# its plan stays the cacheable one of a plain walk (see "Parking").
+# The parked target lanes of each generation, one index probe per lane, read only as far
+# as a statement reads `lanes`; and the ones whose target lane runs nothing (the busy check
+# as a scalar subquery: one probe per parked lane, where an EXISTS would become a join
+# reading every running item).
+_PARKED_LANES = f"""lanes AS (
+    SELECT g.registration_id, g.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+      FROM gens g
+    UNION ALL
+    SELECT l.registration_id, l.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+),
+free_lanes AS (
+    SELECT registration_id, revision, lane FROM lanes
+     WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
+)"""
+
+# The claim every call runs: the walk, and of the parked lanes only whether one runs
+# nothing, so its plan stays the cacheable one of a plain walk (see "Parking").
 _CLAIM = f"""
-WITH {_GENS},
+WITH RECURSIVE {_GENS},
 walk AS (
     -- unparked due items in claim order that are source lane heads: the ones this claim
     -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
@@ -322,15 +347,13 @@ walk AS (
 cand AS (
     SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
 ),
-{_TAKE}
--- one row at least: the items taken, the busy lanes to park, and whether any lane is parked
-SELECT taken.*, busy.registrations, busy.lanes, busy.parked_waiting
+{_TAKE},
+{_PARKED_LANES}
+-- one row at least: the items taken, the busy lanes to park, and whether a parked lane
+-- runs nothing (the parked lanes are read up to the first such lane)
+SELECT taken.*, busy.registrations, busy.lanes, busy.parked_free
   FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
-               -- the parked lanes' first probe, one index probe per generation
-               (SELECT bool_or((SELECT min(p.target_lane_key) FROM connector_work_items p
-                                 WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-                                   AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) IS NOT NULL)
-                  FROM gens g) AS parked_waiting
+               EXISTS (SELECT 1 FROM free_lanes) AS parked_free
           FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
   LEFT JOIN taken ON true
 """
@@ -339,30 +362,12 @@ SELECT taken.*, busy.registrations, busy.lanes, busy.parked_waiting
 # the walk met and takes the first due item of each parked lane that runs nothing.
 _CLAIM_PARKED = f"""
 WITH RECURSIVE {_GENS},
-lanes AS (
-    -- the parked target lanes of each generation, one index probe per lane
-    SELECT g.registration_id, g.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
-      FROM gens g
-    UNION ALL
-    SELECT l.registration_id, l.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
-      FROM lanes l
-     WHERE l.lane IS NOT NULL
-),
+{_PARKED_LANES},
 parked_heads AS (
     -- the first parked item of each parked lane that runs nothing, if it is due and its
     -- source lane's head
     SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
-      -- the busy check as a scalar subquery: one probe per parked lane (an EXISTS would
-      -- become a join reading every running item)
-      FROM (SELECT registration_id, revision, lane FROM lanes
-             WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
-            OFFSET 0) l
+      FROM (SELECT registration_id, revision, lane FROM free_lanes OFFSET 0) l
      CROSS JOIN LATERAL (
       SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
         FROM (
@@ -448,7 +453,7 @@ def claim_batch(
     """Claim up to `limit` due items of active WorkItem-owned generations.
 
     One statement walks the unparked items; only when its walk met a busy lane to park, or
-    a lane is parked, a second one (its own transaction, or a savepoint in the caller's)
+    a parked lane runs nothing, a second one (its own transaction, or a savepoint in the caller's)
     parks those lanes and takes parked lanes' heads with the rest of the batch.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected a statement, or it ran out of its lock
@@ -476,9 +481,9 @@ def claim_batch(
         rows = conn.execute(_claim_statement(*filters, parked=False), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    busy_registrations, busy_lanes, parked_waiting = rows[0][-3:]
+    busy_registrations, busy_lanes, parked_free = rows[0][-3:]
     items = _claimed(rows, with_payload)
-    if not (busy_lanes or (parked_waiting and len(items) < limit)):
+    if not (busy_lanes or (parked_free and len(items) < limit)):
         return items
     params.update(limit=limit - len(items), busy_registrations=busy_registrations or [], busy_lanes=busy_lanes or [])
     try:
