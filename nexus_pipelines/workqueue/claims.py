@@ -350,10 +350,14 @@ cand AS (
 {_TAKE},
 {_PARKED_LANES}
 -- one row at least: the items taken, the busy lanes to park, and whether a parked lane
--- runs nothing (the parked lanes are read up to the first such lane)
+-- runs nothing, counting what this claim takes (its update is not in its snapshot); the
+-- parked lanes are read up to the first such lane
 SELECT taken.*, busy.registrations, busy.lanes, busy.parked_free
   FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
-               EXISTS (SELECT 1 FROM free_lanes) AS parked_free
+               EXISTS (SELECT 1 FROM free_lanes f
+                        WHERE NOT (SELECT EXISTS (SELECT 1 FROM taken t WHERE t.registration_id = f.registration_id
+                                                                         AND t.target_lane_key = f.lane))
+                      ) AS parked_free
           FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
   LEFT JOIN taken ON true
 """

@@ -394,3 +394,34 @@ def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, re
         assert len(got) == 1
         ran += got
     assert [i.work_id for i in ran] == hot_ids[:4]
+
+
+def _parked_statement_runs(conn) -> int:
+    """How often this session ran the claim's second statement (park / parked lanes)."""
+    (runs,) = conn.execute(
+        "SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements"
+        " WHERE statement LIKE '%%park AS%%'").fetchone()
+    return runs
+
+
+def test_claims_run_no_second_statement_while_every_parked_lane_is_busy(control_conn, control_dsn, reg):
+    """A parked lane whose target lane runs an item has nothing to give: claims meanwhile are
+    one statement each; once the lane runs nothing, the next claim takes its next item."""
+    from nexus_pipelines.control.db import connect
+
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(50)]
+    enqueue(control_conn, reg, hot + [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"o{i}") for i in range(30)])
+    (first,) = claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    with connect(control_dsn) as conn:  # its own prepared statements
+        claim(conn, reg, 10)  # meets the busy lane's backlog and parks it
+        parked_runs = _parked_statement_runs(conn)
+        others = claim(conn, reg, 40)  # fewer than asked for: only the busy lane's items remain
+        assert len(others) == 30 and not any(i.target_lane_key == "hot" for i in others)
+        assert claim(conn, reg, 40) == []
+        assert _parked_statement_runs(conn) == parked_runs
+        claims.complete(control_conn, [first.fence])
+        (second,) = claim(conn, reg, 5)  # the lane's one unparked item, from the walk
+        assert second.target_lane_key == "hot" and _parked_statement_runs(conn) == parked_runs
+        claims.complete(control_conn, [second.fence])
+        (third,) = claim(conn, reg, 5)  # the parked lane runs nothing now
+        assert third.target_lane_key == "hot" and _parked_statement_runs(conn) == parked_runs + 1
