@@ -204,6 +204,8 @@ PARKED_LANES = 50
 WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES
 
 _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
+# A target lane's try-lock: held by the claim taking the lane's item, or parking its backlog.
+_LANE_LOCK = "pg_try_advisory_xact_lock(hashtextextended({a}.registration_id || '/' || {a}.target_lane_key, 7))"
 
 # Lane probes of a due item `w`. The OR keeps each probe a subplan (a flattened anti-join
 # would read every candidate before the LIMIT); the IS NOT NULL terms let the probes use
@@ -257,9 +259,7 @@ _TAKE = f"""pick AS (
       FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
-     WHERE target_lane_key IS NULL
-        OR (lane_rank = 1
-            AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
+     WHERE target_lane_key IS NULL OR (lane_rank = 1 AND {_LANE_LOCK.format(a="ranked")})
      LIMIT %(limit)s
 ),
 taken AS (
@@ -390,14 +390,22 @@ parked_heads AS (
 ),
 park AS (
     -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
-    -- of a lane per claim (its first unparked item stays). By key (an array, so the
-    -- update is driven by the primary key); items that were taken or parked since they
-    -- were seen are skipped.
+    -- of a lane per claim (its first unparked item stays). Only lanes whose try-lock this
+    -- claim gets: claims that met the same lane skip it instead of waiting for each
+    -- other's row locks (a lock per busy lane: the walk row that reported the lane took no
+    -- candidate locks, so the lock cap holds). Joined to `gens`, so the lock budget is set
+    -- before the update can wait for a row (unjoined, it ran first and waited unbounded).
+    -- By key (an array, so the update is driven by the primary key); items that were taken
+    -- or parked since they were seen are skipped.
     UPDATE connector_work_items w
        SET parked = true
      WHERE w.work_id = ANY (ARRAY(
             SELECT e.work_id
-              FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[]) AS lane(registration_id, target_lane_key)
+              FROM (SELECT busy.* FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[])
+                                       AS busy(registration_id, target_lane_key)
+                      JOIN gens g ON g.registration_id = busy.registration_id
+                     WHERE {_LANE_LOCK.format(a="busy")}
+                    OFFSET 0) lane
              CROSS JOIN LATERAL (
                 SELECT e.work_id FROM connector_work_items e
                  WHERE e.registration_id = lane.registration_id

@@ -425,3 +425,22 @@ def test_claims_run_no_second_statement_while_every_parked_lane_is_busy(control_
         claims.complete(control_conn, [second.fence])
         (third,) = claim(conn, reg, 5)  # the parked lane runs nothing now
         assert third.target_lane_key == "hot" and _parked_statement_runs(conn) == parked_runs + 1
+
+
+def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(control_conn, control_dsn, reg):
+    """Claims that meet the same busy lane's backlog used to queue up on the row locks of the
+    one parking it (and then lost the race at their lock budget): the lane's try-lock makes
+    them skip it."""
+    from nexus_pipelines.control.db import connect
+
+    enqueue(control_conn, reg, [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot")
+                                for i in range(300)])
+    claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    control_conn.execute("SET statement_timeout = '5s'")  # a claim that waits for the parker fails, not hangs
+    with connect(control_dsn) as parker, parker.transaction(force_rollback=True):
+        assert claim(parker, reg, 10) == []  # parks the lane's backlog, uncommitted
+        (parked,) = parker.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                                   " AND parked", (reg,)).fetchone()
+        assert parked == 298
+        other = claim(control_conn, reg, 10)
+        assert other == [] and not isinstance(other, claims.LaneRaceLost)
