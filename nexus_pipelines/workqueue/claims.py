@@ -52,10 +52,11 @@ looks at the first due item of every parked lane that runs nothing (one probe pe
 lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
 (`_CLAIM`, every call) only reports the busy lanes it met and whether a parked lane runs
 nothing (a parked lane whose target is busy has nothing to give: while one hot lane stays
-busy, claims run no second statement); parking and the parked lanes (`_CLAIM_PARKED`) run
-as a second statement only then, so
-the common claim keeps a plain walk's plan (one statement doing both was planned afresh
-on every call). A parked
+busy, claims run no second statement); parking (`_PARK`) and taking the parked lanes'
+heads (`_CLAIM_PARKED`) are statements of their own, each run only then, so
+the walk keeps a plain walk's plan (one statement doing both was planned afresh on every
+call) and so does the heads' statement (the parking's array parameters got every plan of
+a statement holding both planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
 the items behind a source lane's head (the walk still passes over them).
@@ -362,8 +363,8 @@ SELECT taken.*, busy.registrations, busy.lanes, busy.parked_free
   LEFT JOIN taken ON true
 """
 
-# Run only after a claim met a busy lane to park or a parked lane exists: parks the lanes
-# the walk met and takes the first due item of each parked lane that runs nothing.
+# Run only after a claim's walk found a parked lane that runs nothing: takes the first due
+# item of each such lane.
 _CLAIM_PARKED = f"""
 WITH RECURSIVE {_GENS},
 {_PARKED_LANES},
@@ -388,6 +389,18 @@ parked_heads AS (
      ) c
      LIMIT {PARKED_LANES}
 ),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
+),
+{_TAKE}
+SELECT * FROM taken
+"""
+
+# Run only after a claim's walk met busy lanes with a backlog: parks them, takes nothing. A
+# statement of its own: its array parameters make every plan of it a custom one, which the
+# parked lanes' heads (a statement run far more often) need not share.
+_PARK = f"""
+WITH {_GENS},
 park AS (
     -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
     -- of a lane per claim (its first unparked item stays). Only lanes whose try-lock this
@@ -416,24 +429,21 @@ park AS (
        AND w.state IN {sql_in(CLAIMABLE)}
        AND NOT w.parked
     RETURNING 1
-),
-cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
-),
-{_TAKE}
--- one row at least: the items taken, and how many this claim parked
-SELECT taken.*, parked.n
-  FROM (SELECT count(*) AS n FROM park) parked
-  LEFT JOIN taken ON true
+)
+SELECT count(*) FROM park
 """
+
+
+_CLAIM_PARTS = {"walk": _CLAIM, "park": _PARK, "parked": _CLAIM_PARKED}
 
 
 def claim_sql(
     *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
-    parked: bool = False,
+    part: str = "walk",
 ) -> str:
-    """The claim statement (`parked`: the one that parks busy lanes and takes parked lanes' heads)."""
-    return (_CLAIM_PARKED if parked else _CLAIM).format(
+    """A claim statement: the walk every call runs, or the parking of busy lanes, or the
+    taking of parked lanes' heads (see "Parking")."""
+    return _CLAIM_PARTS[part].format(
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
@@ -443,7 +453,7 @@ def claim_sql(
     )
 
 
-_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, bool], str] = {}
+_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, str], str] = {}
 
 # A claim that meets one of these lost a race for a lane (or ran out of its lock budget
 # waiting for one): it wrote nothing, and due work may remain.
@@ -464,9 +474,10 @@ def claim_batch(
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active WorkItem-owned generations.
 
-    One statement walks the unparked items; only when its walk met a busy lane to park, or
-    a parked lane runs nothing, a second one (its own transaction, or a savepoint in the caller's)
-    parks those lanes and takes parked lanes' heads with the rest of the batch.
+    One statement walks the unparked items; only when its walk met a busy lane to park, one
+    more parks those lanes, and only when a parked lane runs nothing, one more takes parked
+    lanes' heads with the rest of the batch (each its own transaction, or a savepoint in the
+    caller's).
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected a statement, or it ran out of its lock
     budget), or when it took nothing but parked a busy lane's items; the caller simply
@@ -490,30 +501,40 @@ def claim_batch(
     }
     filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
-        rows = conn.execute(_claim_statement(*filters, parked=False), params, prepare=True).fetchall()
+        rows = conn.execute(_claim_statement(*filters, part="walk"), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
     busy_registrations, busy_lanes, parked_free = rows[0][-3:]
     items = _claimed(rows, with_payload)
-    if not (busy_lanes or (parked_free and len(items) < limit)):
-        return items
-    params.update(limit=limit - len(items), busy_registrations=busy_registrations or [], busy_lanes=busy_lanes or [])
+    # parked: how many items this claim parked; None when the parking lost a lane race
+    parked = 0
+    if busy_lanes:
+        rows = _second_statement(conn, _claim_statement(*filters, part="park"),
+                                 {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes})
+        parked = rows and rows[0][0]
+    if parked_free and len(items) < limit:
+        rows = _second_statement(conn, _claim_statement(*filters, part="parked"), {**params, "limit": limit - len(items)})
+        items += _claimed(rows or [], with_payload)
+    return items if items or parked == 0 else LaneRaceLost()
+
+
+def _second_statement(conn: Connection, sql: str, params: dict) -> list[tuple] | None:
+    """A claim statement after the walk (its own transaction, or a savepoint in the caller's);
+    None when it lost a lane race (it wrote nothing)."""
     try:
         with conn.transaction():
-            rows = conn.execute(_claim_statement(*filters, parked=True), params, prepare=True).fetchall()
+            return conn.execute(sql, params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
-        return items or LaneRaceLost()
-    items += _claimed(rows, with_payload)
-    return items if items or not rows[0][-1] else LaneRaceLost()
+        return None
 
 
-def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, parked: bool) -> str:
-    key = (queue_classes, work_types, registrations, with_payload, parked)
+def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, part: str) -> str:
+    key = (queue_classes, work_types, registrations, with_payload, part)
     sql = _CLAIM_SQL_CACHE.get(key)
     if sql is None:
         sql = _CLAIM_SQL_CACHE[key] = claim_sql(
             queue_classes=queue_classes, work_types=work_types, registrations=registrations,
-            with_payload=with_payload, parked=parked,
+            with_payload=with_payload, part=part,
         )
     return sql
 

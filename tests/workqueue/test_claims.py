@@ -397,10 +397,10 @@ def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, re
 
 
 def _parked_statement_runs(conn) -> int:
-    """How often this session ran the claim's second statement (park / parked lanes)."""
+    """How often this session ran a claim statement after the walk (parking, parked lanes' heads)."""
     (runs,) = conn.execute(
         "SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements"
-        " WHERE statement LIKE '%%park AS%%'").fetchone()
+        " WHERE statement LIKE '%%park AS%%' OR statement LIKE '%%parked_heads AS%%'").fetchone()
     return runs
 
 
@@ -444,3 +444,26 @@ def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(c
         assert parked == 298
         other = claim(control_conn, reg, 10)
         assert other == [] and not isinstance(other, claims.LaneRaceLost)
+
+
+def test_taking_parked_lanes_heads_keeps_a_cached_generic_plan(control_conn, control_dsn, reg):
+    """The statement that takes a parked lane's next item runs each time the lane frees up; it
+    used to share a statement with the parking, whose array parameters got it planned afresh
+    each time."""
+    from nexus_pipelines.control.db import connect
+
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(10000)]
+    others = [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"s{i % 1000}", target_lane_key=f"t{(7 * i + i // 1000) % 1000}")
+              for i in range(2000)]
+    enqueue(control_conn, reg, hot + others)
+    control_conn.execute("VACUUM ANALYZE connector_work_items")
+    with connect(control_dsn) as conn:  # its own prepared statements
+        held = []
+        for _ in range(60):  # as a drain does: each claim's items complete while the next claim runs
+            got = claim(conn, reg, 100, with_payload=False)
+            claims.complete(conn, held)
+            held = [i.fence for i in got]
+        (generic, custom) = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%parked_heads AS%%'").fetchone()
+    assert custom <= 5 and generic >= 5, (generic, custom)
