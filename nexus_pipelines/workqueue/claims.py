@@ -49,14 +49,12 @@ unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's
 into one grouped by target lane). The first item stays in the walk, so a lane with one
 waiting item is never written, and a busy lane costs a walk one row. Each claim also
 looks at the first due item of every parked lane that runs nothing (one probe per parked
-lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
-(`_CLAIM`, every call) only reports the busy lanes it met and whether a parked lane runs
-nothing (a parked lane whose target is busy has nothing to give: while one hot lane stays
-busy, claims run no second statement); parking (`_PARK`) and taking the parked lanes'
-heads (`_CLAIM_PARKED`) are statements of their own, each run only then, so
-the walk keeps a plain walk's plan (one statement doing both was planned afresh on every
-call) and so does the heads' statement (the parking's array parameters got every plan of
-a statement holding both planned afresh). A parked
+lane, whatever its backlog) and takes it like any candidate, clearing the flag, in the
+same statement as the walk (`_CLAIM`, every call): a parked lane frees up after each of
+its items, so a statement of its own ran for every item of a hot lane. The walk reports
+the busy lanes it met; parking them (`_PARK`) is a statement of its own, run only then,
+so the claim keeps a cached plan (the parking's array parameters got every plan of a
+statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
 the items behind a source lane's head (the walk still passes over them).
@@ -308,8 +306,7 @@ free_lanes AS (
      WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
 )"""
 
-# The claim every call runs: the walk, and of the parked lanes only whether one runs
-# nothing, so its plan stays the cacheable one of a plain walk (see "Parking").
+# The claim: the walk and the heads of the parked lanes that run nothing (see "Parking").
 _CLAIM = f"""
 WITH RECURSIVE {_GENS},
 walk AS (
@@ -345,28 +342,6 @@ walk AS (
        LIMIT %(scan)s
      ) c
 ),
-cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
-),
-{_TAKE},
-{_PARKED_LANES}
--- one row at least: the items taken, the busy lanes to park, and whether a parked lane
--- runs nothing, counting what this claim takes (its update is not in its snapshot); the
--- parked lanes are read up to the first such lane
-SELECT taken.*, busy.registrations, busy.lanes, busy.parked_free
-  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
-               EXISTS (SELECT 1 FROM free_lanes f
-                        WHERE NOT (SELECT EXISTS (SELECT 1 FROM taken t WHERE t.registration_id = f.registration_id
-                                                                         AND t.target_lane_key = f.lane))
-                      ) AS parked_free
-          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
-  LEFT JOIN taken ON true
-"""
-
-# Run only after a claim's walk found a parked lane that runs nothing: takes the first due
-# item of each such lane.
-_CLAIM_PARKED = f"""
-WITH RECURSIVE {_GENS},
 {_PARKED_LANES},
 parked_heads AS (
     -- the first parked item of each parked lane that runs nothing, if it is due and its
@@ -391,9 +366,15 @@ parked_heads AS (
 ),
 cand AS (
     SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
+    UNION ALL
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
 ),
 {_TAKE}
-SELECT * FROM taken
+-- one row at least: the items taken and the busy lanes to park
+SELECT taken.*, busy.registrations, busy.lanes
+  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes
+          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
+  LEFT JOIN taken ON true
 """
 
 # Run only after a claim's walk met busy lanes with a backlog: parks them, takes nothing. A
@@ -434,7 +415,7 @@ SELECT count(*) FROM park
 """
 
 
-_CLAIM_PARTS = {"walk": _CLAIM, "park": _PARK, "parked": _CLAIM_PARKED}
+_CLAIM_PARTS = {"walk": _CLAIM, "park": _PARK}
 
 
 def claim_sql(
@@ -474,10 +455,9 @@ def claim_batch(
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active WorkItem-owned generations.
 
-    One statement walks the unparked items; only when its walk met a busy lane to park, one
-    more parks those lanes, and only when a parked lane runs nothing, one more takes parked
-    lanes' heads with the rest of the batch (each its own transaction, or a savepoint in the
-    caller's).
+    One statement walks the unparked items and takes them with the parked lanes' heads;
+    only when its walk met a busy lane to park, a second one (its own transaction, or a
+    savepoint in the caller's) parks those lanes.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected a statement, or it ran out of its lock
     budget), or when it took nothing but parked a busy lane's items; the caller simply
@@ -504,28 +484,18 @@ def claim_batch(
         rows = conn.execute(_claim_statement(*filters, part="walk"), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    busy_registrations, busy_lanes, parked_free = rows[0][-3:]
+    busy_registrations, busy_lanes = rows[0][-2:]
     items = _claimed(rows, with_payload)
-    # parked: how many items this claim parked; None when the parking lost a lane race
-    parked = 0
-    if busy_lanes:
-        rows = _second_statement(conn, _claim_statement(*filters, part="park"),
-                                 {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes})
-        parked = rows and rows[0][0]
-    if parked_free and len(items) < limit:
-        rows = _second_statement(conn, _claim_statement(*filters, part="parked"), {**params, "limit": limit - len(items)})
-        items += _claimed(rows or [], with_payload)
-    return items if items or parked == 0 else LaneRaceLost()
-
-
-def _second_statement(conn: Connection, sql: str, params: dict) -> list[tuple] | None:
-    """A claim statement after the walk (its own transaction, or a savepoint in the caller's);
-    None when it lost a lane race (it wrote nothing)."""
+    if not busy_lanes:
+        return items
     try:
         with conn.transaction():
-            return conn.execute(sql, params, prepare=True).fetchall()
+            (parked,) = conn.execute(_claim_statement(*filters, part="park"),
+                                     {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes},
+                                     prepare=True).fetchone()
     except _LANE_RACE_ERRORS:
-        return None
+        parked = None  # lost a lane race: due work remains
+    return items if items or parked == 0 else LaneRaceLost()
 
 
 def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, part: str) -> str:

@@ -396,17 +396,17 @@ def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, re
     assert [i.work_id for i in ran] == hot_ids[:4]
 
 
-def _parked_statement_runs(conn) -> int:
-    """How often this session ran a claim statement after the walk (parking, parked lanes' heads)."""
+def _statement_runs(conn, like: str) -> int:
+    """How often this session ran its prepared claim statement whose text is LIKE `like`."""
     (runs,) = conn.execute(
         "SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements"
-        " WHERE statement LIKE '%%park AS%%' OR statement LIKE '%%parked_heads AS%%'").fetchone()
+        " WHERE statement LIKE %s", (like,)).fetchone()
     return runs
 
 
-def test_claims_run_no_second_statement_while_every_parked_lane_is_busy(control_conn, control_dsn, reg):
-    """A parked lane whose target lane runs an item has nothing to give: claims meanwhile are
-    one statement each; once the lane runs nothing, the next claim takes its next item."""
+def test_a_claim_takes_a_parked_lanes_next_item_in_its_one_statement(control_conn, control_dsn, reg):
+    """Claims while a parked lane runs an item, and the claim that takes its next item once it
+    runs nothing, are each the one claim statement: no second one to ask the parked lanes."""
     from nexus_pipelines.control.db import connect
 
     hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(50)]
@@ -414,17 +414,16 @@ def test_claims_run_no_second_statement_while_every_parked_lane_is_busy(control_
     (first,) = claim(control_conn, reg, 1)  # the hot lane is busy from now on
     with connect(control_dsn) as conn:  # its own prepared statements
         claim(conn, reg, 10)  # meets the busy lane's backlog and parks it
-        parked_runs = _parked_statement_runs(conn)
         others = claim(conn, reg, 40)  # fewer than asked for: only the busy lane's items remain
         assert len(others) == 30 and not any(i.target_lane_key == "hot" for i in others)
         assert claim(conn, reg, 40) == []
-        assert _parked_statement_runs(conn) == parked_runs
         claims.complete(control_conn, [first.fence])
         (second,) = claim(conn, reg, 5)  # the lane's one unparked item, from the walk
-        assert second.target_lane_key == "hot" and _parked_statement_runs(conn) == parked_runs
         claims.complete(control_conn, [second.fence])
-        (third,) = claim(conn, reg, 5)  # the parked lane runs nothing now
-        assert third.target_lane_key == "hot" and _parked_statement_runs(conn) == parked_runs + 1
+        (third,) = claim(conn, reg, 5)  # a parked item: the parked lane runs nothing now
+        assert (second.target_lane_key, third.target_lane_key) == ("hot", "hot")
+        assert _statement_runs(conn, "%park AS%") == 1 and _statement_runs(conn, "%walk AS%") == 5
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 2
 
 
 def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(control_conn, control_dsn, reg):
@@ -446,10 +445,10 @@ def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(c
         assert other == [] and not isinstance(other, claims.LaneRaceLost)
 
 
-def test_taking_parked_lanes_heads_keeps_a_cached_generic_plan(control_conn, control_dsn, reg):
-    """The statement that takes a parked lane's next item runs each time the lane frees up; it
-    used to share a statement with the parking, whose array parameters got it planned afresh
-    each time."""
+def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads(control_conn, control_dsn, reg):
+    """The claim takes a parked lane's next item each time the lane frees up, and keeps its
+    cached plan meanwhile (the statement that used to take them, together with the parking,
+    was planned afresh on every call)."""
     from nexus_pipelines.control.db import connect
 
     hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(10000)]
@@ -465,5 +464,5 @@ def test_taking_parked_lanes_heads_keeps_a_cached_generic_plan(control_conn, con
             held = [i.fence for i in got]
         (generic, custom) = conn.execute(
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
-            " WHERE statement LIKE '%%parked_heads AS%%'").fetchone()
+            " WHERE statement LIKE '%%walk AS%%'").fetchone()
     assert custom <= 5 and generic >= 5, (generic, custom)
