@@ -379,7 +379,7 @@ SELECT taken.*, busy.registrations, busy.lanes
 
 # Run only after a claim's walk met busy lanes with a backlog: parks them, takes nothing. A
 # statement of its own: its array parameters make every plan of it a custom one, which the
-# parked lanes' heads (a statement run far more often) need not share.
+# claim every call runs need not share.
 _PARK = f"""
 WITH {_GENS},
 park AS (
@@ -422,8 +422,8 @@ def claim_sql(
     *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
     part: str = "walk",
 ) -> str:
-    """A claim statement: the walk every call runs, or the parking of busy lanes, or the
-    taking of parked lanes' heads (see "Parking")."""
+    """A claim statement: the claim every call runs (`walk`), or the parking of the busy lanes
+    its walk met (`park`; see "Parking")."""
     return _CLAIM_PARTS[part].format(
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
