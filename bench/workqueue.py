@@ -11,14 +11,19 @@ start barrier to the last worker finishing). Every run is verified in the databa
 each job's handler ran exactly once and the queue itself shows every job done.
 Each run also reports its WAL bytes per item (the server's WAL position around the
 run, `bench/peers/common.py`). With both systems measured, `nexus_vs_raw` is nexus's
-throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`).
+throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`): the median,
+over the --repeat rounds, of each round's ratio (a round runs nexus, then raw, back to
+back). The raw loop's throughput swings by a factor of two between runs on a shared
+machine, so a ratio of two medians taken at different times says little: use --repeat 3
+or more.
 Progress goes to stderr; the last line of stdout is one JSON object.
 
-Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): nexus drains the same
-N items again with H more enqueued in front of them that all write one hot target lane
-(one running at a time), and `fairness_slowdown` = 1 - (the other lanes' throughput with
-the hot lane) / (their throughput without it, the nexus run above); both are counted on
-the database clock from the first claim to the last other-lane item finishing.
+Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): in each round, after
+the systems' runs, nexus drains the same N items again with H more enqueued in front of
+them that all write one hot target lane (one running at a time); a round's slowdown is
+1 - (the other lanes' throughput with the hot lane) / (their throughput without it, the
+round's plain nexus run), both counted on the database clock from the first claim to the
+last other-lane item finishing, and `fairness_slowdown` is the median over the rounds.
 
 --gates N times, each on N pending items with source and target lanes, in a database of
 its own: the rollback (claims disabled, then the fence transaction that fences every item
@@ -89,38 +94,40 @@ def _gates(n: int, with_event_path: bool) -> int:
     return 0 if result["verified"] else 1
 
 
-def _ratio(summaries: dict[str, dict], system: str, baseline: str) -> float | None:
-    a, b = summaries.get(system), summaries.get(baseline)
-    if not (a and b and a["verified"] and b["verified"]):
+def _pair_ratios(runs: dict[str, list], system: str, baseline: str) -> list[float] | None:
+    """`system`'s throughput over `baseline`'s in each round (the two ran back to back)."""
+    a, b = runs.get(system), runs.get(baseline)
+    if not (a and b and all(r.ok for r in a + b)):
         return None
-    return round(a["jobs_per_s"] / b["jobs_per_s"], 3)
+    return [round(x.jobs_per_s / y.jobs_per_s, 3) for x, y in zip(a, b)]
 
 
-def _other_lanes_rate(runs: list) -> float | None:
-    rates = [r.queue.get("other_lanes_items_per_s") for r in runs if r.ok]
-    return statistics.median(rates) if rates and len(rates) == len(runs) and None not in rates else None
+def _hot_run(server_dsn: str, args, k: int):
+    """One nexus run with `args.hot_items` hot-target-lane items in front of the same items."""
+    log(f"nexus fairness: run {k + 1}/{args.repeat}, {args.hot_items} hot-lane items + {args.items} others")
+    run = run_once("nexus", server_dsn, args.items + args.hot_items, args.workers, args.timeout,
+                   f"{os.getpid()}_hot{k}", hot=args.hot_items)
+    log(f"nexus fairness: {'verified' if run.ok else 'FAILED: ' + str(run.error)}; "
+        f"other lanes {run.queue.get('other_lanes_items_per_s')} items/s, all items {run.wall_s}s")
+    return run
 
 
-def _fairness(server_dsn: str, args, plain_runs: list) -> dict:
-    """The nexus runs again with `args.hot_items` hot-target-lane items in front of the same items."""
-    hot_runs = []
-    for k in range(args.repeat):
-        log(f"nexus fairness: run {k + 1}/{args.repeat}, {args.hot_items} hot-lane items + {args.items} others")
-        run = run_once("nexus", server_dsn, args.items + args.hot_items, args.workers, args.timeout,
-                       f"{os.getpid()}_hot{k}", hot=args.hot_items)
-        log(f"nexus fairness: {'verified' if run.ok else 'FAILED: ' + str(run.error)}; "
-            f"other lanes {run.queue.get('other_lanes_items_per_s')} items/s, all items {run.wall_s}s")
-        hot_runs.append(run)
-    without, with_hot = _other_lanes_rate(plain_runs), _other_lanes_rate(hot_runs)
+def _fairness(args, plain_runs: list, hot_runs: list) -> dict:
+    """Each round's slowdown: its hot run's other-lane rate against its plain nexus run's."""
+    rates = [(p.queue.get("other_lanes_items_per_s"), h.queue.get("other_lanes_items_per_s"))
+             for p, h in zip(plain_runs, hot_runs) if p.ok and h.ok]
+    slowdowns = [round(1 - with_hot / without, 3) for without, with_hot in rates if without and with_hot]
+    verified = bool(hot_runs) and all(r.ok for r in hot_runs) and len(slowdowns) == len(hot_runs)
     return {
         "hot_items": args.hot_items,
         "other_items": args.items,
-        "other_lanes_items_per_s_without_hot": without,
-        "other_lanes_items_per_s_with_hot": with_hot,
-        "fairness_slowdown": round(1 - with_hot / without, 3) if without and with_hot else None,
+        "other_lanes_items_per_s_without_hot": [without for without, _ in rates],
+        "other_lanes_items_per_s_with_hot": [with_hot for _, with_hot in rates],
+        "fairness_slowdown": statistics.median(slowdowns) if verified else None,
+        "fairness_slowdown_rounds": slowdowns,
         "all_items_wall_s_runs": [r.wall_s and round(r.wall_s, 2) for r in hot_runs],
         "wal_bytes_per_item_runs": [r.wal_bytes_per_item for r in hot_runs],
-        "verified": bool(hot_runs) and all(r.ok for r in hot_runs),
+        "verified": verified,
         "errors": [r.error for r in hot_runs if r.error],
     }
 
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--items", type=int, default=20000)
     parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--repeat", type=int, default=1, help="runs per system; the median is reported")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds (one run per system each); the medians are reported")
     parser.add_argument("--systems", default=",".join(DRIVERS), help=f"comma-separated subset of {','.join(DRIVERS)}")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per system run before it fails")
     parser.add_argument("--hot-items", type=int, default=10000, metavar="H",
@@ -155,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             fsync = conn.execute("SHOW fsync").fetchone()[0]
         # Round-robin over systems, so a noisy neighbour on a shared machine hits them alike.
         runs: dict[str, list] = {system: [] for system in systems}
+        fair, hot_runs = "nexus" in systems and args.hot_items > 0, []
         for k in range(args.repeat):
             for system in systems:
                 log(f"{system}: run {k + 1}/{args.repeat}, {args.items} items, {args.workers} worker(s)")
@@ -165,12 +173,12 @@ def main(argv: list[str] | None = None) -> int:
                     rate = f" after {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s)" if run.jobs_per_s else ""
                     log(f"{system}: FAILED{rate}: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
                 runs[system].append(run)
+            if fair:
+                hot_runs.append(_hot_run(server_dsn, args, k))
         for system in systems:
             summaries[system] = summarize(system, runs[system])
             summaries[system]["options"] = getattr(driver(system), "OPTIONS", {})
-        fairness = None
-        if "nexus" in systems and args.hot_items > 0:
-            fairness = _fairness(server_dsn, args, runs["nexus"])
+        fairness = _fairness(args, runs["nexus"], hot_runs) if fair else None
 
     print(f"work-queue throughput: {args.items} no-op jobs, {args.workers} worker process(es), "
           f"median of {args.repeat}, Postgres {server_version} (fsync={fsync})")
@@ -180,13 +188,14 @@ def main(argv: list[str] | None = None) -> int:
         detail = last["error"] or f"effects {last['effects']}/{last['distinct_effects']} distinct, queue {last['queue']}"
         wal = f"{s['wal_bytes_per_item']:>7,.0f} B WAL/item" if s["verified"] else ""
         print(f"  {system:<16} {rate}  {wal}  {detail}  options {s['options']}")
-    ratio = _ratio(summaries, "nexus", "raw_skip_locked")
+    pair_ratios = _pair_ratios(runs, "nexus", "raw_skip_locked")
+    ratio = round(statistics.median(pair_ratios), 3) if pair_ratios else None
     if ratio is not None:
-        print(f"  nexus_vs_raw {ratio:.3f}")
+        print(f"  nexus_vs_raw {ratio:.3f} (median of the rounds' ratios {pair_ratios})")
     if fairness is not None:
         print(f"  fairness: other lanes {fairness['other_lanes_items_per_s_without_hot']} items/s without, "
               f"{fairness['other_lanes_items_per_s_with_hot']} with {args.hot_items} hot-lane items: "
-              f"slowdown {fairness['fairness_slowdown']}")
+              f"slowdown {fairness['fairness_slowdown']} (median of the rounds' {fairness['fairness_slowdown_rounds']})")
 
     result = {
         "items": args.items,
@@ -196,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
         **{f"{system}_wal_bytes_per_item": summaries[system]["wal_bytes_per_item"] for system in summaries},
         "nexus_vs_raw": ratio,
+        "nexus_vs_raw_rounds": pair_ratios,
         "fairness_slowdown": fairness and fairness["fairness_slowdown"],
         "fairness": fairness,
         "verified": bool(summaries) and all(s["verified"] for s in summaries.values())

@@ -49,11 +49,12 @@ unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's
 into one grouped by target lane). The first item stays in the walk, so a lane with one
 waiting item is never written, and a busy lane costs a walk one row. Each claim also
 looks at the first due item of every parked lane that runs nothing (one probe per parked
-lane, whatever its backlog) and takes it like any candidate, clearing the flag. The walk
-(`_CLAIM`, every call) only reports the busy lanes it met and whether a lane is parked;
-parking and the parked lanes (`_CLAIM_PARKED`) run as a second statement only then, so
-the common claim keeps a plain walk's plan (one statement doing both was planned afresh
-on every call). A parked
+lane, whatever its backlog) and takes it like any candidate, clearing the flag, in the
+same statement as the walk (`_CLAIM`, every call): a parked lane frees up after each of
+its items, so a statement of its own ran for every item of a hot lane. The walk reports
+the busy lanes it met; parking them (`_PARK`) is a statement of its own, run only then,
+so the claim keeps a cached plan (the parking's array parameters got every plan of a
+statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
 the items behind a source lane's head (the walk still passes over them).
@@ -202,6 +203,8 @@ PARKED_LANES = 50
 WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES
 
 _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
+# A target lane's try-lock: held by the claim taking the lane's item, or parking its backlog.
+_LANE_LOCK = "pg_try_advisory_xact_lock(hashtextextended({a}.registration_id || '/' || {a}.target_lane_key, 7))"
 
 # Lane probes of a due item `w`. The OR keeps each probe a subplan (a flattened anti-join
 # would read every candidate before the LIMIT); the IS NOT NULL terms let the probes use
@@ -260,9 +263,7 @@ _TAKE = f"""pick AS (
       FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
-     WHERE target_lane_key IS NULL
-        OR (lane_rank = 1
-            AND pg_try_advisory_xact_lock(hashtextextended(registration_id || '/' || target_lane_key, 7)))
+     WHERE target_lane_key IS NULL OR (lane_rank = 1 AND {_LANE_LOCK.format(a="ranked")})
      LIMIT %(limit)s
 ),
 taken AS (
@@ -287,10 +288,32 @@ taken AS (
               w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
 )"""
 
-# The claim every call runs: the walk and nothing of the parked lanes but one probe, so
-# its plan stays the cacheable one of a plain walk (see "Parking").
+# The parked target lanes of each generation, one index probe per lane, read only as far
+# as a statement reads `lanes`; and the ones whose target lane runs nothing (the busy check
+# as a scalar subquery: one probe per parked lane, where an EXISTS would become a join
+# reading every running item).
+_PARKED_LANES = f"""lanes AS (
+    SELECT g.registration_id, g.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+      FROM gens g
+    UNION ALL
+    SELECT l.registration_id, l.revision,
+           (SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
+               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
+      FROM lanes l
+     WHERE l.lane IS NOT NULL
+),
+free_lanes AS (
+    SELECT registration_id, revision, lane FROM lanes
+     WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
+)"""
+
+# The claim: the walk and the heads of the parked lanes that run nothing (see "Parking").
 _CLAIM = f"""
-WITH {_GENS},
+WITH RECURSIVE {_GENS},
 walk AS (
     -- unparked due items in claim order that are source lane heads: the ones this claim
     -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
@@ -324,50 +347,12 @@ walk AS (
        LIMIT %(scan)s
      ) c
 ),
-cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
-),
-{_TAKE}
--- one row at least: the items taken, the busy lanes to park, and whether any lane is parked
-SELECT taken.*, busy.registrations, busy.lanes, busy.parked_waiting
-  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
-               -- the parked lanes' first probe, one index probe per generation
-               (SELECT bool_or((SELECT min(p.target_lane_key) FROM connector_work_items p
-                                 WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-                                   AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) IS NOT NULL)
-                  FROM gens g) AS parked_waiting
-          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
-  LEFT JOIN taken ON true
-"""
-
-# Run only after a claim met a busy lane to park or a parked lane exists: parks the lanes
-# the walk met and takes the first due item of each parked lane that runs nothing.
-_CLAIM_PARKED = f"""
-WITH RECURSIVE {_GENS},
-lanes AS (
-    -- the parked target lanes of each generation, one index probe per lane
-    SELECT g.registration_id, g.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
-      FROM gens g
-    UNION ALL
-    SELECT l.registration_id, l.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
-      FROM lanes l
-     WHERE l.lane IS NOT NULL
-),
+{_PARKED_LANES},
 parked_heads AS (
     -- the first parked item of each parked lane that runs nothing, if it is due and its
     -- source lane's head
     SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
-      -- the busy check as a scalar subquery: one probe per parked lane (an EXISTS would
-      -- become a join reading every running item)
-      FROM (SELECT registration_id, revision, lane FROM lanes
-             WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
-            OFFSET 0) l
+      FROM (SELECT registration_id, revision, lane FROM free_lanes OFFSET 0) l
      CROSS JOIN LATERAL (
       SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
         FROM (
@@ -384,16 +369,42 @@ parked_heads AS (
      ) c
      LIMIT {PARKED_LANES}
 ),
+cand AS (
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
+    UNION ALL
+    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
+),
+{_TAKE}
+-- one row at least: the items taken and the busy lanes to park
+SELECT taken.*, busy.registrations, busy.lanes
+  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes
+          FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
+  LEFT JOIN taken ON true
+"""
+
+# Run only after a claim's walk met busy lanes with a backlog: parks them, takes nothing. A
+# statement of its own: its array parameters make every plan of it a custom one, which the
+# claim every call runs need not share.
+_PARK = f"""
+WITH {_GENS},
 park AS (
     -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
-    -- of a lane per claim (its first unparked item stays). By key (an array, so the
-    -- update is driven by the primary key); items that were taken or parked since they
-    -- were seen are skipped.
+    -- of a lane per claim (its first unparked item stays). Only lanes whose try-lock this
+    -- claim gets: claims that met the same lane skip it instead of waiting for each
+    -- other's row locks (a lock per busy lane: the walk row that reported the lane took no
+    -- candidate locks, so the lock cap holds). Joined to `gens`, so the lock budget is set
+    -- before the update can wait for a row (unjoined, it ran first and waited unbounded).
+    -- By key (an array, so the update is driven by the primary key); items that were taken
+    -- or parked since they were seen are skipped.
     UPDATE connector_work_items w
        SET parked = true
      WHERE w.work_id = ANY (ARRAY(
             SELECT e.work_id
-              FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[]) AS lane(registration_id, target_lane_key)
+              FROM (SELECT busy.* FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[])
+                                       AS busy(registration_id, target_lane_key)
+                      JOIN gens g ON g.registration_id = busy.registration_id
+                     WHERE {_LANE_LOCK.format(a="busy")}
+                    OFFSET 0) lane
              CROSS JOIN LATERAL (
                 SELECT e.work_id FROM connector_work_items e
                  WHERE e.registration_id = lane.registration_id
@@ -404,24 +415,21 @@ park AS (
        AND w.state IN {sql_in(CLAIMABLE)}
        AND NOT w.parked
     RETURNING 1
-),
-cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
-),
-{_TAKE}
--- one row at least: the items taken, and how many this claim parked
-SELECT taken.*, parked.n
-  FROM (SELECT count(*) AS n FROM park) parked
-  LEFT JOIN taken ON true
+)
+SELECT count(*) FROM park
 """
+
+
+_CLAIM_PARTS = {"walk": _CLAIM, "park": _PARK}
 
 
 def claim_sql(
     *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
-    parked: bool = False,
+    part: str = "walk",
 ) -> str:
-    """The claim statement (`parked`: the one that parks busy lanes and takes parked lanes' heads)."""
-    return (_CLAIM_PARKED if parked else _CLAIM).format(
+    """A claim statement: the claim every call runs (`walk`), or the parking of the busy lanes
+    its walk met (`park`; see "Parking")."""
+    return _CLAIM_PARTS[part].format(
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
@@ -431,7 +439,7 @@ def claim_sql(
     )
 
 
-_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, bool], str] = {}
+_CLAIM_SQL_CACHE: dict[tuple[bool, bool, bool, bool, str], str] = {}
 
 # A claim that meets one of these lost a race for a lane (or ran out of its lock budget
 # waiting for one): it wrote nothing, and due work may remain.
@@ -452,9 +460,9 @@ def claim_batch(
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active WorkItem-owned generations.
 
-    One statement walks the unparked items; only when its walk met a busy lane to park, or
-    a lane is parked, a second one (its own transaction, or a savepoint in the caller's)
-    parks those lanes and takes parked lanes' heads with the rest of the batch.
+    One statement walks the unparked items and takes them with the parked lanes' heads;
+    only when its walk met a busy lane to park, a second one (its own transaction, or a
+    savepoint in the caller's) parks those lanes.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected a statement, or it ran out of its lock
     budget), or when it took nothing but parked a busy lane's items; the caller simply
@@ -478,30 +486,30 @@ def claim_batch(
     }
     filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
-        rows = conn.execute(_claim_statement(*filters, parked=False), params, prepare=True).fetchall()
+        rows = conn.execute(_claim_statement(*filters, part="walk"), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    busy_registrations, busy_lanes, parked_waiting = rows[0][-3:]
+    busy_registrations, busy_lanes = rows[0][-2:]
     items = _claimed(rows, with_payload)
-    if not (busy_lanes or (parked_waiting and len(items) < limit)):
+    if not busy_lanes:
         return items
-    params.update(limit=limit - len(items), busy_registrations=busy_registrations or [], busy_lanes=busy_lanes or [])
     try:
         with conn.transaction():
-            rows = conn.execute(_claim_statement(*filters, parked=True), params, prepare=True).fetchall()
+            (parked,) = conn.execute(_claim_statement(*filters, part="park"),
+                                     {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes},
+                                     prepare=True).fetchone()
     except _LANE_RACE_ERRORS:
-        return items or LaneRaceLost()
-    items += _claimed(rows, with_payload)
-    return items if items or not rows[0][-1] else LaneRaceLost()
+        parked = None  # lost a lane race: due work remains
+    return items if items or parked == 0 else LaneRaceLost()
 
 
-def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, parked: bool) -> str:
-    key = (queue_classes, work_types, registrations, with_payload, parked)
+def _claim_statement(queue_classes: bool, work_types: bool, registrations: bool, with_payload: bool, *, part: str) -> str:
+    key = (queue_classes, work_types, registrations, with_payload, part)
     sql = _CLAIM_SQL_CACHE.get(key)
     if sql is None:
         sql = _CLAIM_SQL_CACHE[key] = claim_sql(
             queue_classes=queue_classes, work_types=work_types, registrations=registrations,
-            with_payload=with_payload, parked=parked,
+            with_payload=with_payload, part=part,
         )
     return sql
 

@@ -394,3 +394,75 @@ def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, re
         assert len(got) == 1
         ran += got
     assert [i.work_id for i in ran] == hot_ids[:4]
+
+
+def _statement_runs(conn, like: str) -> int:
+    """How often this session ran its prepared claim statement whose text is LIKE `like`."""
+    (runs,) = conn.execute(
+        "SELECT coalesce(sum(generic_plans + custom_plans), 0) FROM pg_prepared_statements"
+        " WHERE statement LIKE %s", (like,)).fetchone()
+    return runs
+
+
+def test_a_claim_takes_a_parked_lanes_next_item_in_its_one_statement(control_conn, control_dsn, reg):
+    """Claims while a parked lane runs an item, and the claim that takes its next item once it
+    runs nothing, are each the one claim statement: no second one to ask the parked lanes."""
+    from nexus_pipelines.control.db import connect
+
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(50)]
+    enqueue(control_conn, reg, hot + [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"o{i}") for i in range(30)])
+    (first,) = claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    with connect(control_dsn) as conn:  # its own prepared statements
+        claim(conn, reg, 10)  # meets the busy lane's backlog and parks it
+        others = claim(conn, reg, 40)  # fewer than asked for: only the busy lane's items remain
+        assert len(others) == 30 and not any(i.target_lane_key == "hot" for i in others)
+        assert claim(conn, reg, 40) == []
+        claims.complete(control_conn, [first.fence])
+        (second,) = claim(conn, reg, 5)  # the lane's one unparked item, from the walk
+        claims.complete(control_conn, [second.fence])
+        (third,) = claim(conn, reg, 5)  # a parked item: the parked lane runs nothing now
+        assert (second.target_lane_key, third.target_lane_key) == ("hot", "hot")
+        assert _statement_runs(conn, "%park AS%") == 1 and _statement_runs(conn, "%walk AS%") == 5
+        assert conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 2
+
+
+def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(control_conn, control_dsn, reg):
+    """Claims that meet the same busy lane's backlog used to queue up on the row locks of the
+    one parking it (and then lost the race at their lock budget): the lane's try-lock makes
+    them skip it."""
+    from nexus_pipelines.control.db import connect
+
+    enqueue(control_conn, reg, [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot")
+                                for i in range(300)])
+    claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    control_conn.execute("SET statement_timeout = '5s'")  # a claim that waits for the parker fails, not hangs
+    with connect(control_dsn) as parker, parker.transaction(force_rollback=True):
+        assert claim(parker, reg, 10) == []  # parks the lane's backlog, uncommitted
+        (parked,) = parker.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                                   " AND parked", (reg,)).fetchone()
+        assert parked == 298
+        other = claim(control_conn, reg, 10)
+        assert other == [] and not isinstance(other, claims.LaneRaceLost)
+
+
+def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads(control_conn, control_dsn, reg):
+    """The claim takes a parked lane's next item each time the lane frees up, and keeps its
+    cached plan meanwhile (the statement that used to take them, together with the parking,
+    was planned afresh on every call)."""
+    from nexus_pipelines.control.db import connect
+
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(10000)]
+    others = [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"s{i % 1000}", target_lane_key=f"t{(7 * i + i // 1000) % 1000}")
+              for i in range(2000)]
+    enqueue(control_conn, reg, hot + others)
+    control_conn.execute("VACUUM ANALYZE connector_work_items")
+    with connect(control_dsn) as conn:  # its own prepared statements
+        held = []
+        for _ in range(60):  # as a drain does: each claim's items complete while the next claim runs
+            got = claim(conn, reg, 100, with_payload=False)
+            claims.complete(conn, held)
+            held = [i.fence for i in got]
+        (generic, custom) = conn.execute(
+            "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+            " WHERE statement LIKE '%%walk AS%%'").fetchone()
+    assert custom <= 5 and generic >= 5, (generic, custom)
