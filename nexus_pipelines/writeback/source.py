@@ -265,8 +265,9 @@ def emulator_read_client(endpoint: str) -> BigQueryReadClient:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud.bigquery_storage_v1.services.big_query_read.transports import BigQueryReadGrpcTransport
 
-    return BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=grpc.insecure_channel(endpoint),
-                                                                  credentials=AnonymousCredentials()))
+    # No message size cap, as the client's own channels: a ReadRows response can exceed gRPC's 4 MiB default.
+    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_receive_message_length", -1)])
+    return BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel, credentials=AnonymousCredentials()))
 
 
 class CandidateReader:

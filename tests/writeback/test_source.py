@@ -22,6 +22,7 @@ from nexus_pipelines.writeback.source import (
     iter_candidate_pages,
     materialize_candidates,
     run_readiness,
+    storage_read_client,
 )
 
 from .support import make_config, seed_source
@@ -176,6 +177,33 @@ def test_a_refused_storage_read_api_falls_back_to_query_pages_and_names_the_role
     assert "bigquery.readsessions.create" in reader.refused and "roles/bigquery.readSessionUser" in reader.refused
     assert "\n" not in reader.refused
     drop_candidates(bq_client, table_id)
+
+
+@pytest.mark.slow
+def test_a_storage_read_response_over_grpcs_default_4_mib_message_cap_is_read(bq_client, bq_storage):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 100_000)
+    table_id = candidate_table_id("nexus-test", "ctl_large", "month_end_arr", uuid.uuid4().hex, "e1")
+    materialize_candidates(bq_client, table_id, make_config(dataset).source_sql())
+    reader = CandidateReader(bq_client, table_id, storage=bq_storage)
+    # The emulator sends it as messages of up to 65,536 rows (~6.6 MB here).
+    assert sum(len(page) for page in reader.pages(5000)) == 100_000
+    drop_candidates(bq_client, table_id)
+
+
+def test_the_storage_read_client_for_real_bigquery_uses_the_warehouse_clients_credentials():
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+    from google.cloud.bigquery_storage_v1 import BigQueryReadClient
+
+    credentials = AnonymousCredentials()
+    bq = bigquery.Client(project="nexus-prod", credentials=credentials)
+    with storage_read_client(bq) as storage:
+        assert isinstance(storage, BigQueryReadClient)
+        assert storage.api_endpoint == "bigquerystorage.googleapis.com"
+        assert storage.transport._credentials is credentials
+    with storage_read_client(bq, enabled=False) as storage:
+        assert storage is None
 
 
 def test_null_and_duplicate_keys_are_found_with_set_queries(bq_client):
