@@ -25,6 +25,10 @@ emulator's files, when the bench ends).
 `run_over_api` is the first run's wall time over its time in CRM calls (upserts and
 read-backs); `run_over_api_without_pre_write_warehouse` leaves out the BigQuery waits
 before the write pass (`pre_write_warehouse_s`), which no CRM call can overlap.
+
+The runner reads the candidates with the BigQuery Storage Read API on the emulator's
+gRPC endpoint (`--read storage`, as in production), or with keyset-paged queries
+(`--read queries`, the path without a read client or when the API is refused).
 """
 
 from __future__ import annotations
@@ -65,6 +69,22 @@ def _serve_simulator(latency_s: float, conn) -> None:
             stop()
             conn.send("stopped")
             return
+
+
+def _serve_emulator(data_dir: str, conn) -> None:
+    """Emulator process: serve REST and gRPC, send both endpoints, stop on any message."""
+    from nexus_pipelines.local.bigquery_emulator import InProcessEmulator
+
+    Path(data_dir).mkdir(parents=True)
+    log = os.open(Path(data_dir) / "emulator.log", os.O_WRONLY | os.O_CREAT)
+    os.dup2(log, 1)  # its warnings stay out of the bench's output
+    os.dup2(log, 2)
+    emulator = InProcessEmulator(Path(data_dir))
+    rest_url = emulator.start()
+    conn.send((rest_url, emulator._server.grpc_endpoint))  # the launcher publishes no gRPC port
+    conn.recv()
+    emulator.stop()
+    conn.send("stopped")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -124,12 +144,13 @@ def main() -> int:
     parser.add_argument("--latency-ms", type=float, default=200.0)
     parser.add_argument("--page-size", type=int, default=5000)
     parser.add_argument("--prefetch-pages", type=int, default=2, help="0 reads pages inline, between batches")
+    parser.add_argument("--read", choices=("storage", "queries"), default="storage",
+                        help="read the candidates with the Storage Read API or with keyset-paged queries")
     args = parser.parse_args()
 
     from nexus_pipelines.control.db import connect
     from nexus_pipelines.control.migrations import apply_migrations
     from nexus_pipelines.integrations.bigquery import make_bigquery_client
-    from nexus_pipelines.local.bigquery_emulator import EmulatorProcess
     from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database, with_database
     from nexus_pipelines.settings import PROJECT_ROOT
     from nexus_pipelines.writeback.config import parse_config
@@ -137,6 +158,7 @@ def main() -> int:
     from nexus_pipelines.local.month_end_arr_source import seed_source
     from nexus_pipelines.writeback.jobs.month_end_arr.mapping import MonthEndArrMapper
     from nexus_pipelines.writeback.runner import Runner
+    from nexus_pipelines.writeback.source import emulator_read_client
 
     def say(line: str) -> None:
         print(line, flush=True)
@@ -153,9 +175,12 @@ def main() -> int:
     ensure_database(admin, dbname)
     dsn = with_database(admin, dbname)
     apply_migrations(dsn)
-    emulator = EmulatorProcess(work / "bq")
-    bq_url = emulator.start()
     ctx = multiprocessing.get_context("spawn")
+    emulator_end, emulator_child = ctx.Pipe()
+    emulator = ctx.Process(target=_serve_emulator, args=(str(work / "bq"), emulator_child), daemon=True)
+    emulator.start()
+    bq_url, grpc_endpoint = emulator_end.recv()
+    storage = emulator_read_client(grpc_endpoint) if args.read == "storage" else None
     parent, child = ctx.Pipe()
     simulator = ctx.Process(target=_serve_simulator, args=(args.latency_ms / 1000.0, child), daemon=True)
     simulator.start()
@@ -187,7 +212,7 @@ def main() -> int:
             from datetime import UTC, datetime
 
             with connect(dsn) as conn:
-                runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn,
+                runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn, storage=storage,
                                 page_size=args.page_size, prefetch_pages=args.prefetch_pages)
                 t = time.perf_counter()
                 result, cpu_thread, cpu_process, pre_write_warehouse = _run(runner, JobContext(
@@ -219,6 +244,7 @@ def main() -> int:
         # in the write pass the next page is read on a prefetch thread while the CRM call runs.
         summary = {
             "rows": args.rows,
+            "read": args.read,
             "changed": changed,
             "calls": first.crm_calls,
             "read_back_calls": first.read_back_calls,  # first-time creates read back by external id
@@ -265,7 +291,14 @@ def main() -> int:
         except (OSError, EOFError):
             pass
         simulator.join(timeout=10)
-        emulator.stop()
+        if storage is not None:
+            storage.transport.close()
+        try:
+            emulator_end.send("stop")
+            emulator_end.recv()
+        except (OSError, EOFError):
+            pass
+        emulator.join(timeout=30)
         if postgres is not None:
             postgres.stop()
         shutil.rmtree(work, ignore_errors=True)  # a 100,000-row run leaves about 250 MB

@@ -59,6 +59,7 @@ from nexus_pipelines.writeback.runner import (
     Runner,
     StageDone,
 )
+from nexus_pipelines.writeback.source import storage_read_client
 
 GROUP = "nexuscrm_writeback"
 CRM_RESOURCE_KEY = "nexuscrm_writeback"
@@ -155,9 +156,13 @@ def run_in_dagster(context: AssetExecutionContext, definition: JobDefinition, lo
     stage_to_asset = {STAGE_READINESS: "readiness", STAGE_CANDIDATES: "candidates", STAGE_VALIDATION: "validated"}
     result: JobResult | None = None
     log = _DagsterLogAdapter(context)
-    with context.resources.bigquery.get_client() as bq, context.resources.control_plane.connection() as conn:
-        runner = Runner(definition.name, definition.mapper(), loaded, bq=bq, conn=conn, crm_factory=crm_factory,
-                        log=log)
+    warehouse = context.resources.bigquery
+    # The local emulator does not publish its Storage Read endpoint: there the candidates are read with queries.
+    with (warehouse.get_client() as bq,
+          storage_read_client(bq, enabled=not getattr(warehouse, "emulator_url", None)) as storage,
+          context.resources.control_plane.connection() as conn):
+        runner = Runner(definition.name, definition.mapper(), loaded, bq=bq, conn=conn, storage=storage,
+                        crm_factory=crm_factory, log=log)
         for event in runner.execute(job_context):
             if isinstance(event, Progress):
                 context.log.info(event.message)

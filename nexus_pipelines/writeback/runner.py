@@ -31,6 +31,7 @@ from typing import Any, Literal
 import psycopg
 from google.api_core import exceptions as gexc
 from google.cloud import bigquery
+from google.cloud.bigquery_storage_v1 import BigQueryReadClient
 
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
@@ -51,6 +52,7 @@ from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
 from nexus_pipelines.writeback.prefetch import Gate, gated, prefetch
 from nexus_pipelines.writeback.source import (
+    CandidateReader,
     CandidateTable,
     Readiness,
     SourceError,
@@ -59,7 +61,6 @@ from nexus_pipelines.writeback.source import (
     check_keys,
     drop_candidates,
     freshness_problem,
-    iter_candidate_pages,
     materialize_candidates,
     missing_external_ids,
     run_readiness,
@@ -184,6 +185,7 @@ class Runner:
         *,
         bq: bigquery.Client,
         conn: psycopg.Connection,
+        storage: BigQueryReadClient | None = None,
         crm_factory: Callable[[LoadedConfig], NexusCrmClient] = default_crm_factory,
         page_size: int = PAGE_SIZE,
         write_page_size: int = WRITE_PAGE_SIZE,
@@ -195,6 +197,8 @@ class Runner:
         self.loaded = config
         self.config = config.config
         self.bq = bq
+        self.storage = storage  # the Storage Read API client the candidates are read with, if any
+        self.reader: CandidateReader | None = None
         self.ledger = Ledger(conn, job_name, mapper.TARGET_OBJECT)  # one execution, its own identity
         self.execution_id = self.ledger.execution_id
         self.crm_factory = crm_factory
@@ -351,6 +355,8 @@ class Runner:
         table = materialize_candidates(self.bq, self.table_id, self.loaded.source_sql(),
                                        external_ids=context.external_ids, location=cfg.source.location,
                                        timer=self.warehouse)
+        self.reader = CandidateReader(self.bq, self.table_id, storage=self.storage, location=cfg.source.location,
+                                      timer=self.warehouse)
         counts.selected = table.row_count
         yield self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
         yield Progress(f"candidate table: {table.row_count} rows")
@@ -392,9 +398,7 @@ class Runner:
         error_count = 0
         db_now = self._db_now()
         if not schema_problems:
-            pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.page_size,
-                                         location=cfg.source.location, timer=self.warehouse)
-            for page in prefetch(pages, self.prefetch_pages):  # the next page is read while this one maps
+            for page in prefetch(self.reader.pages(self.page_size), self.prefetch_pages):  # the next page is read while this one maps
                 mapped: list[MappedRecord] = []
                 for row in page:
                     try:
@@ -415,13 +419,18 @@ class Runner:
                     else:
                         counts.deferred += 1
                 self._heartbeat()
+        if self.reader.refused:
+            self._event("storage_read_refused", context, level=logging.WARNING,
+                        error=sanitize_error_message(self.reader.refused))
+            yield Progress(sanitize_error_message(self.reader.refused))
         valid = not schema_problems and error_count == 0
         description = ("every row maps inside the declared ownership" if valid else
                        "; ".join(schema_problems) if schema_problems else
                        f"{error_count} rows fail mapping: " + "; ".join(errors[:3]))
         yield self._stage(STAGE_VALIDATION, started, {"rows": counts.selected, "to_write": counts.to_write,
                                                       "unchanged": counts.unchanged, "deferred": counts.deferred,
-                                                      "rows_failing_mapping": error_count})
+                                                      "rows_failing_mapping": error_count,
+                                                      "read_with": self.reader.path})
         yield CheckOutcome(CHECK_MAPPING, valid, description,
                            {"schema_problems": schema_problems, "rows_failing": error_count,
                             "first_errors": errors, "owned_fields": sorted(self.mapper.OWNED_FIELDS)})
@@ -446,9 +455,7 @@ class Runner:
             # Runs on the prefetch thread: read a page, map it again, read its states. Each
             # page starts only while a CRM call is in flight (or the writer is starved), so
             # this thread's CPU work does not compete with the ledger commits.
-            pages = iter_candidate_pages(self.bq, self.table_id, page_size=self.write_page_size,
-                                         location=cfg.source.location, timer=self.warehouse)
-            for page in gated(pages, gate):
+            for page in gated(self.reader.pages(self.write_page_size), gate):
                 t = time.perf_counter()
                 mapped = [self.mapper.map_record(row) for row in page]
                 mapping_s[0] += time.perf_counter() - t

@@ -42,10 +42,11 @@ def test_first_run_writes_everything_and_rerun_skips_unchanged(source, make_runn
     assert not [t for t in tables if t.startswith("wb_candidates_month_end_arr_")]  # this job's, all dropped
 
 
-def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner, sim_state):
+def test_query_pages_send_batches_in_external_id_order_and_size(bq_client, make_runner, sim_state):
     dataset = f"src_{uuid.uuid4().hex[:8]}"
     seed_source(bq_client, dataset, 25)
-    runner = make_runner(make_config(dataset, batch_size=10), sim_state, job_name="order")
+    # Key order is the query pages' (a Storage Read stream has the table's order).
+    runner = make_runner(make_config(dataset, batch_size=10), sim_state, job_name="order", storage=None)
     result = runner.run(context("order-1"))
     assert result.batches == 3
     sizes = [e.record_count for e in sim_state.request_log() if "composite" in e.path]
@@ -57,6 +58,32 @@ def test_batches_follow_stable_external_id_order_and_size(bq_client, make_runner
     execution = runner.execution_id  # batch ids name the execution: a replay of the run id never repeats them
     assert [b[0] for b in batches] == [f"order-1:{execution}:00000{n}" for n in (1, 2, 3)]
     assert batches[0][2] < batches[1][1] and batches[1][2] < batches[2][1]
+
+
+def _run_events(runner, run_id: str):
+    from nexus_pipelines.writeback.contract import JobResult
+    from nexus_pipelines.writeback.runner import STAGE_VALIDATION, Progress, StageDone
+
+    events = list(runner.execute(context(run_id)))
+    validation = next(e for e in events if isinstance(e, StageDone) and e.stage == STAGE_VALIDATION)
+    return (events[-1], validation.metadata["read_with"], [e.message for e in events if isinstance(e, Progress)])
+
+
+def test_a_run_reads_its_candidates_with_the_storage_read_api(source, make_runner, sim_state):
+    result, read_with, messages = _run_events(make_runner(make_config(source), sim_state, job_name="arrow"), "a1")
+    assert read_with == "storage_read_api"
+    assert result.succeeded == 446 and result.permanently_failed == 4
+    assert not [m for m in messages if "Storage Read" in m]
+
+
+def test_a_run_refused_the_storage_read_api_writes_every_row_from_queries_and_says_why(
+        source, make_runner, sim_state, refusing_storage):
+    runner = make_runner(make_config(source), sim_state, job_name="refused", storage=refusing_storage)
+    result, read_with, messages = _run_events(runner, "refused-1")
+    assert read_with == "query_pages"
+    assert result.selected == 450 and result.succeeded == 446 and result.permanently_failed == 4
+    (warning,) = [m for m in messages if "Storage Read" in m]
+    assert "roles/bigquery.readSessionUser" in warning and "read with queries" in warning
 
 
 def test_mistyped_source_column_fails_the_mapping_check_before_writes(bq_client, make_runner, sim_state):

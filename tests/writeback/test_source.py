@@ -14,6 +14,7 @@ from nexus_pipelines.writeback.source import (
     Readiness,
     SourceError,
     candidate_expiry,
+    CandidateReader,
     candidate_table_id,
     check_keys,
     drop_candidates,
@@ -21,6 +22,7 @@ from nexus_pipelines.writeback.source import (
     iter_candidate_pages,
     materialize_candidates,
     run_readiness,
+    storage_read_client,
 )
 
 from .support import make_config, seed_source
@@ -119,6 +121,89 @@ def test_pages_are_in_stable_external_id_order(bq_client, seeded):
     again = [r["_outbound_external_id"] for p in iter_candidate_pages(bq_client, table_id, page_size=7) for r in p]
     assert again == ids
     drop_candidates(bq_client, table_id)
+
+
+def _rows_by_id(reader: CandidateReader, page_size: int = 1000) -> dict:
+    return {r["_outbound_external_id"]: r for page in reader.pages(page_size) for r in page}
+
+
+def test_the_storage_read_api_reads_the_rows_and_payload_hashes_the_queries_read(bq_client, bq_storage, seeded):
+    table_id = candidate_table_id("nexus-test", "ctl_arrow", "month_end_arr", uuid.uuid4().hex, "e1")
+    materialize_candidates(bq_client, table_id, make_config(seeded).source_sql())
+    arrow = CandidateReader(bq_client, table_id, storage=bq_storage)
+    pages = list(arrow.pages(50))
+    assert arrow.path == "storage_read_api" and arrow.refused is None
+    assert all(0 < len(p) <= 50 for p in pages) and sum(map(len, pages)) == 130
+    by_arrow, by_query = _rows_by_id(arrow), _rows_by_id(CandidateReader(bq_client, table_id))
+    assert by_arrow == by_query and len(by_arrow) == 130
+    mapper = MonthEndArrMapper()
+    assert ({k: mapper.map_record(r).payload_hash for k, r in by_arrow.items()}
+            == {k: mapper.map_record(r).payload_hash for k, r in by_query.items()})
+    drop_candidates(bq_client, table_id)
+
+
+def test_the_storage_read_api_reads_every_column_type_as_the_queries_do(bq_client, bq_storage):
+    dataset = f"types_{uuid.uuid4().hex[:6]}"
+    bq_client.create_dataset(dataset)
+    table_id = f"nexus-test.{dataset}.cand"
+    bq_client.query(
+        f"CREATE TABLE `{table_id}` AS SELECT * FROM UNNEST(["
+        "STRUCT('a' AS _outbound_external_id, 42 AS i, 1.5 AS f, TRUE AS b, NUMERIC '123456.123456789' AS n, "
+        "DATE '2025-02-01' AS d, TIMESTAMP '2025-02-01 10:11:12.345+00' AS ts, "
+        "DATETIME '2025-02-01 10:11:12' AS dt, b'raw' AS raw), "
+        "STRUCT('b', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)])").result()
+    by_arrow = _rows_by_id(CandidateReader(bq_client, table_id, storage=bq_storage))
+    assert by_arrow == _rows_by_id(CandidateReader(bq_client, table_id))
+    assert by_arrow["a"]["ts"] == datetime(2025, 2, 1, 10, 11, 12, 345000, tzinfo=UTC)
+    assert set(by_arrow["b"].values()) == {"b", None}
+
+
+def test_an_empty_candidate_table_read_with_the_storage_read_api_has_no_pages(bq_client, bq_storage, seeded):
+    table_id = candidate_table_id("nexus-test", "ctl_arrow", "month_end_arr", uuid.uuid4().hex, "e1")
+    materialize_candidates(bq_client, table_id, make_config(seeded).source_sql(), external_ids=["not-there"])
+    reader = CandidateReader(bq_client, table_id, storage=bq_storage)
+    assert list(reader.pages(50)) == [] and reader.refused is None
+    drop_candidates(bq_client, table_id)
+
+
+def test_a_refused_storage_read_api_falls_back_to_query_pages_and_names_the_role(bq_client, refusing_storage,
+                                                                               seeded):
+    table_id = candidate_table_id("nexus-test", "ctl_refused", "month_end_arr", uuid.uuid4().hex, "e1")
+    materialize_candidates(bq_client, table_id, make_config(seeded).source_sql())
+    reader = CandidateReader(bq_client, table_id, storage=refusing_storage)
+    ids = [r["_outbound_external_id"] for page in reader.pages(50) for r in page]
+    assert ids == sorted(ids) and len(ids) == 130  # the query pages, in key order
+    assert reader.path == "query_pages"
+    assert "bigquery.readsessions.create" in reader.refused and "roles/bigquery.readSessionUser" in reader.refused
+    assert "\n" not in reader.refused
+    drop_candidates(bq_client, table_id)
+
+
+@pytest.mark.slow
+def test_a_storage_read_response_over_grpcs_default_4_mib_message_cap_is_read(bq_client, bq_storage):
+    dataset = f"src_{uuid.uuid4().hex[:8]}"
+    seed_source(bq_client, dataset, 100_000)
+    table_id = candidate_table_id("nexus-test", "ctl_large", "month_end_arr", uuid.uuid4().hex, "e1")
+    materialize_candidates(bq_client, table_id, make_config(dataset).source_sql())
+    reader = CandidateReader(bq_client, table_id, storage=bq_storage)
+    # The emulator sends it as messages of up to 65,536 rows (~6.6 MB here).
+    assert sum(len(page) for page in reader.pages(5000)) == 100_000
+    drop_candidates(bq_client, table_id)
+
+
+def test_the_storage_read_client_for_real_bigquery_uses_the_warehouse_clients_credentials():
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import bigquery
+    from google.cloud.bigquery_storage_v1 import BigQueryReadClient
+
+    credentials = AnonymousCredentials()
+    bq = bigquery.Client(project="nexus-prod", credentials=credentials)
+    with storage_read_client(bq) as storage:
+        assert isinstance(storage, BigQueryReadClient)
+        assert storage.api_endpoint == "bigquerystorage.googleapis.com"
+        assert storage.transport._credentials is credentials
+    with storage_read_client(bq, enabled=False) as storage:
+        assert storage is None
 
 
 def test_null_and_duplicate_keys_are_found_with_set_queries(bq_client):
