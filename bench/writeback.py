@@ -87,6 +87,15 @@ def _serve_emulator(data_dir: str, conn) -> None:
     conn.send("stopped")
 
 
+def _stop(end) -> None:
+    """Ask a served process to stop and wait for its answer; one already gone needs nothing."""
+    try:
+        end.send("stop")
+        end.recv()
+    except (OSError, EOFError):
+        pass
+
+
 def _pct(values: list[float], q: float) -> float:
     if not values:
         return 0.0
@@ -285,19 +294,11 @@ def main() -> int:
         print(json.dumps(summary, sort_keys=True), flush=True)
         return 0
     finally:
-        try:
-            parent.send("stop")
-            parent.recv()
-        except (OSError, EOFError):
-            pass
+        _stop(parent)
         simulator.join(timeout=10)
         if storage is not None:
             storage.transport.close()
-        try:
-            emulator_end.send("stop")
-            emulator_end.recv()
-        except (OSError, EOFError):
-            pass
+        _stop(emulator_end)
         emulator.join(timeout=30)
         if postgres is not None:
             postgres.stop()

@@ -10,6 +10,7 @@ from psycopg import Connection
 from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.registration import Registration
 from nexus_pipelines.connectors.core.tick import PollRunReport
+from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant
 
 
@@ -79,3 +80,14 @@ def expired_claim(conn: Connection, registration: Registration) -> store.PollCla
     conn.execute("UPDATE connector_progress SET lease_until = now() - interval '1 second'"
                  " WHERE registration_key = %s", (registration.key,))
     return stale
+
+
+def due_gitlab_poll(pool, key: str, issues: int) -> tuple[Plant, Registration]:
+    """A GitLab registration read 4 issues a page, holding `issues` issues, its poll due now."""
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key=key, page_size=4)
+    plant.activate(registration)
+    plant.world.add_issues(issues)
+    with pool.connection() as conn:
+        store.request_poll(conn, [registration.registration_id])
+    return plant, registration

@@ -12,7 +12,7 @@ from nexus_pipelines.connectors.core.values import ExternalIssue, FetchIssuePage
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import Plant, executor
-from tests.connectors.support import expired_claim
+from tests.connectors.support import due_gitlab_poll, expired_claim
 from tests.workqueue.support import CountingConnection
 
 
@@ -40,19 +40,8 @@ def test_a_page_of_many_issues_commits_in_as_many_statements_as_a_page_of_one(po
     assert one <= 5, one  # the claim; BEGIN, the fenced cursor update, the page's receipts, COMMIT
 
 
-def _due(pool, key: str, issues: int):
-    """A GitLab registration read 4 issues a page, holding `issues` issues, its poll due now."""
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key=key, page_size=4)
-    plant.activate(registration)
-    plant.world.add_issues(issues)
-    with pool.connection() as conn:
-        store.request_poll(conn, [registration.registration_id])
-    return plant, registration
-
-
 def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_page_commit(pool):
-    plant, registration = _due(pool, "walk", issues=10)
+    plant, registration = due_gitlab_poll(pool, "walk", issues=10)
     with pool.connection() as conn:
         counting = CountingConnection(conn)
         report = poll(counting, REGISTRY, plant.composer, owner="poller", executor=executor(),
@@ -63,7 +52,7 @@ def test_a_walk_of_many_pages_commits_once_per_page_with_the_next_claim_in_the_p
 
 
 def test_a_walk_updates_the_progress_row_once_a_page_when_the_revision_is_its_own_next_claim(pool):
-    plant, registration = _due(pool, "once-a-page", issues=10)
+    plant, registration = due_gitlab_poll(pool, "once-a-page", issues=10)
     with pool.connection() as conn:
         conn.execute("CREATE TABLE progress_row_updates (registration_key text)")
         conn.execute("""CREATE FUNCTION count_progress_update() RETURNS trigger LANGUAGE plpgsql AS
@@ -86,7 +75,7 @@ def test_a_walk_updates_the_progress_row_once_a_page_when_the_revision_is_its_ow
 
 
 def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(pool):
-    plant, registration = _due(pool, "budget", issues=10)
+    plant, registration = due_gitlab_poll(pool, "budget", issues=10)
     with pool.connection() as conn:
         report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id], time_budget_s=0.5,
@@ -99,7 +88,7 @@ def test_a_run_stopped_by_its_budget_gives_back_the_claim_its_last_page_took(poo
 
 
 def test_an_empty_page_advances_the_cursor_under_its_fence(pool):
-    plant, registration = _due(pool, "empty", issues=0)
+    plant, registration = due_gitlab_poll(pool, "empty", issues=0)
     with pool.connection() as conn:
         report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id])
@@ -160,7 +149,7 @@ def _syncs_of_one_page_commit(pool, tmp_path, key: str) -> int:
     one page commit, with the next tick's claim, sends, read from libpq's protocol trace."""
     from psycopg import pq
 
-    plant, registration = _due(pool, key, issues=3)
+    plant, registration = due_gitlab_poll(pool, key, issues=3)
     adapter = plant.composer(registration)
     trace = tmp_path / f"{key}.trace"
     with pool.connection() as conn:
@@ -190,7 +179,7 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
 
     from nexus_pipelines.workqueue.receipts import BODY_SNAPSHOT_LIMIT
 
-    plant, registration = _due(pool, "too-big", issues=2)
+    plant, registration = due_gitlab_poll(pool, "too-big", issues=2)
     adapter = plant.composer(registration)
     with pool.connection() as conn:
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
@@ -210,7 +199,7 @@ def test_a_page_commit_that_fails_before_its_commit_is_sent_writes_nothing_and_l
 
 
 def test_a_page_commit_refuses_to_run_inside_a_callers_transaction(pool):
-    plant, registration = _due(pool, "nested", issues=0)
+    plant, registration = due_gitlab_poll(pool, "nested", issues=0)
     with pool.connection() as conn:
         claim = store.claim_due(conn, REGISTRY, owner="poller", ttl=timedelta(seconds=60),
                                 registration_ids=[registration.registration_id])
@@ -268,7 +257,7 @@ def test_a_page_serializes_each_all_ascii_issue_once_for_its_digest_and_its_rece
 
     for name in calls:
         monkeypatch.setattr(ExternalIssue, name, counted(name))
-    plant, registration = _due(pool, "serialized-once", issues=4)
+    plant, registration = due_gitlab_poll(pool, "serialized-once", issues=4)
     with pool.connection() as conn:
         report = poll(conn, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id], max_ticks=1)

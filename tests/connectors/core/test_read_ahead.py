@@ -3,22 +3,10 @@ when the next claim is that revision, and never uses a page read ahead of a comm
 
 from contextlib import contextmanager
 
-from nexus_pipelines.connectors.core import store
 from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.registry import REGISTRY
-from nexus_pipelines.local.worlds.gitlab import GitLabWorld
-from nexus_pipelines.local.worlds.plant import Plant, executor
-
-
-def _due(pool, key: str, issues: int):
-    """A GitLab registration read 4 issues a page, holding `issues` issues, its poll due now."""
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key=key, page_size=4)
-    plant.activate(registration)
-    plant.world.add_issues(issues)
-    with pool.connection() as conn:
-        store.request_poll(conn, [registration.registration_id])
-    return plant, registration
+from nexus_pipelines.local.worlds.plant import executor
+from tests.connectors.support import due_gitlab_poll
 
 
 class _Flights:
@@ -67,7 +55,7 @@ def _receipts(conn, registration) -> int:
 
 
 def test_a_walk_fetches_the_next_page_while_the_commit_of_the_page_before_is_in_flight(pool):
-    plant, registration = _due(pool, "read-ahead", issues=10)
+    plant, registration = due_gitlab_poll(pool, "read-ahead", issues=10)
     with pool.connection() as conn:
         flights = _Flights(conn)
         report = poll(flights, REGISTRY, flights.composer(plant.composer), owner="poller", executor=executor(),
@@ -83,7 +71,7 @@ def test_a_walk_fetches_the_next_page_while_the_commit_of_the_page_before_is_in_
 def test_a_page_read_ahead_of_a_commit_that_lost_its_lease_is_not_used(pool):
     from psycopg.pq import TransactionStatus
 
-    plant, registration = _due(pool, "read-ahead-lost", issues=10)
+    plant, registration = due_gitlab_poll(pool, "read-ahead-lost", issues=10)
     with pool.connection() as conn, pool.connection() as other:
         flights = _Flights(conn)
         first_flight = flights.pipeline
@@ -118,8 +106,8 @@ def test_a_page_read_ahead_of_a_commit_that_lost_its_lease_is_not_used(pool):
 
 
 def test_a_run_over_several_due_registrations_reads_ahead_only_once_one_is_left_and_reads_no_page_twice(pool):
-    short_plant, short = _due(pool, "read-ahead-short", issues=6)  # two pages, due first
-    long_plant, long = _due(pool, "read-ahead-long", issues=14)  # four pages
+    short_plant, short = due_gitlab_poll(pool, "read-ahead-short", issues=6)  # two pages, due first
+    long_plant, long = due_gitlab_poll(pool, "read-ahead-long", issues=14)  # four pages
     composers = {short.key: short_plant.composer, long.key: long_plant.composer}
     with pool.connection() as conn:
         flights = _Flights(conn)
