@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS test_exec_log (
     work_id bigint NOT NULL, token bigint NOT NULL, worker text NOT NULL,
     source_lane text, target_lane text, started_at timestamptz NOT NULL, finished_at timestamptz);
 CREATE TABLE IF NOT EXISTS test_start (reg text NOT NULL, worker text NOT NULL);
+CREATE TABLE IF NOT EXISTS test_first_item (reg text NOT NULL, worker text NOT NULL, PRIMARY KEY (reg, worker));
 CREATE TABLE IF NOT EXISTS test_effects (
     work_id bigint PRIMARY KEY, token bigint NOT NULL, writes integer NOT NULL DEFAULT 1);
 """
@@ -48,22 +49,42 @@ ON CONFLICT (work_id) DO UPDATE SET token = EXCLUDED.token, writes = e.writes + 
 
 
 class _Recorder:
-    """A handler writing an execution log row and a fenced effect, on a per-thread connection."""
+    """A handler writing an execution log row and a fenced effect, on a per-thread connection.
 
-    def __init__(self, dsn: str, worker: str, sleep_ms: float = 2.0) -> None:
+    With ``racers`` above one, no item finishes until that many workers have each started
+    one: a fast worker cannot drain everything before a slower one's first claim, so the
+    race is certain rather than likely (on a busy machine a thread can lose every claim).
+    """
+
+    def __init__(self, dsn: str, reg: str, worker: str, racers: int = 1, sleep_ms: float = 2.0) -> None:
         self.dsn = dsn
+        self.reg = reg
         self.worker = worker
+        self.racers = racers
         self.sleep_ms = sleep_ms
         self.local = threading.local()
+        self.all_racing = threading.Event()
 
     def conn(self):
         if getattr(self.local, "conn", None) is None:
             self.local.conn = connect(self.dsn)
         return self.local.conn
 
+    def _wait_for_every_racer(self, conn) -> None:
+        conn.execute("INSERT INTO test_first_item VALUES (%s, %s) ON CONFLICT DO NOTHING", (self.reg, self.worker))
+        deadline = time.monotonic() + 20  # well inside the 30 s lease
+        while not self.all_racing.is_set() and time.monotonic() < deadline:
+            (started,) = conn.execute("SELECT count(*) FROM test_first_item WHERE reg = %s", (self.reg,)).fetchone()
+            if started >= self.racers:
+                self.all_racing.set()
+            else:
+                time.sleep(0.01)
+
     def __call__(self, item: ClaimedItem) -> str:
         conn = self.conn()
         (started,) = conn.execute("SELECT clock_timestamp()").fetchone()
+        if self.racers > 1 and not self.all_racing.is_set():
+            self._wait_for_every_racer(conn)
         time.sleep(random.random() * self.sleep_ms / 1000)
         conn.execute(_EFFECT, {"id": item.work_id, "token": item.token})
         conn.execute(
@@ -82,11 +103,11 @@ def _unfinished(dsn: str, reg: str) -> int:
 
 
 def _drain_until_done(
-    dsn: str, reg: str, worker: str, concurrency: int, claim_batch: int, deadline_s: float, start_barrier: bool = False
+    dsn: str, reg: str, worker: str, concurrency: int, claim_batch: int, deadline_s: float, racers: int = 1
 ) -> dict:
-    registry = HandlerRegistry({"rec": _Recorder(dsn, worker)})
+    registry = HandlerRegistry({"rec": _Recorder(dsn, reg, worker, racers)})
     totals = {"claimed": 0, "completed": 0, "lost": 0}
-    if start_barrier:
+    if racers > 1:
         # every racer registers, then waits for the start signal ('go' row), so all start together
         with connect(dsn) as conn:
             conn.execute("INSERT INTO test_start VALUES (%s, %s)", (reg, worker))
@@ -124,13 +145,13 @@ def test_threads_and_processes_race_for_the_same_items(control_dsn, reg):
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(2) as pool:
         async_results = [
-            pool.apply_async(_drain_until_done, (control_dsn, reg, f"proc-{n}", 4, 10, 90, True)) for n in range(2)
+            pool.apply_async(_drain_until_done, (control_dsn, reg, f"proc-{n}", 4, 10, 90, 4)) for n in range(2)
         ]
         thread_results: list[dict] = []
         threads = [
             threading.Thread(
                 target=lambda n=n: thread_results.append(
-                    _drain_until_done(control_dsn, reg, f"thread-{n}", 2, 5, 90, True)
+                    _drain_until_done(control_dsn, reg, f"thread-{n}", 2, 5, 90, 4)
                 )
             )
             for n in range(2)
