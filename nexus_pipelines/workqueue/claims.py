@@ -246,25 +246,42 @@ def _target_busy(registration: str, lane: str) -> str:
                    AND t.state = '{RUNNING}')"""
 
 
+_CLAIMABLE_GENERATION = f"g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}'"
+
+# The active WorkItem-owned generations a statement walks, read first so that the lock
+# budget is set before anything can wait. Locked (`lock`) by a statement that writes
+# whatever it meets (the parking); the claim locks only those it takes from (`held`).
 _GENS = f"""gens AS MATERIALIZED (
     SELECT g.registration_id, g.revision
       FROM (SELECT set_config('lock_timeout', '{CLAIM_LOCK_BUDGET_MS}', true)) budget,
            workqueue_generations g
-     WHERE g.status = '{ACTIVE}' AND g.claim_path = '{WORK_ITEM_PATH}' {{gen_filter}}
-       FOR KEY SHARE OF g
+     WHERE {_CLAIMABLE_GENERATION} {{gen_filter}}
+     {{lock}}
 )"""
 
-# The candidates `cand` of either statement, one per target lane taken, compared and set.
+# The claim's candidates `cand`, one per target lane taken, compared and set.
 _TAKE = f"""pick AS (
     -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
     -- this claim gets: two claims in flight never insert the same in-flight lane key
     -- (which would make one wait on the other in the unique index)
-    SELECT work_id, lease_token, state
-      FROM (SELECT work_id, lease_token, state, registration_id, target_lane_key,
+    SELECT work_id, lease_token, state, registration_id, revision
+      FROM (SELECT work_id, lease_token, state, registration_id, revision, target_lane_key,
                    row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
               FROM cand) ranked
      WHERE target_lane_key IS NULL OR (lane_rank = 1 AND {_LANE_LOCK.format(a="ranked")})
      LIMIT %(limit)s
+),
+held AS MATERIALIZED (
+    -- the generation gate: FOR KEY SHARE on the rows of the generations this claim takes
+    -- from, so a gate's FOR UPDATE waits for the claim, and a gate that committed first
+    -- leaves its generation out on the recheck of the locked row (nothing is taken from
+    -- it). Only rows joined to a pick are locked: a claim that takes nothing writes nothing
+    -- (a row lock is a WAL record, a multixact once claims overlap, and a commit record)
+    SELECT g.registration_id, g.revision
+      FROM workqueue_generations g
+     WHERE {_CLAIMABLE_GENERATION}
+       AND (g.registration_id, g.revision) IN (SELECT registration_id, revision FROM pick)
+       FOR KEY SHARE OF g
 ),
 taken AS (
     UPDATE connector_work_items w
@@ -276,7 +293,8 @@ taken AS (
            parked = false,
            claimed_at = now(),
            updated_at = now()
-      FROM pick{{payload_from}}
+      FROM pick
+      JOIN held ON held.registration_id = pick.registration_id AND held.revision = pick.revision{{payload_from}}
      -- the compare-and-swap: the state and token the candidate was seen with. Compared with
      -- the seen state, not with a constant list: a constant `state IN (...)` lets the planner
      -- drive the update from the due index (every due item, once per pick) when statistics
@@ -318,12 +336,12 @@ walk AS (
     -- unparked due items in claim order that are source lane heads: the ones this claim
     -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
     -- (`blocked`: their target lane is busy and has an earlier claimable item)
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key, c.blocked
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key, c.blocked
       FROM gens g
      CROSS JOIN LATERAL (SELECT * FROM (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key, f.blocked
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key, f.blocked
         FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key,
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key,
                (w.target_lane_key IS NOT NULL AND {_target_busy("w.registration_id", "w.target_lane_key")}) AS blocked
           FROM connector_work_items w
          WHERE w.registration_id = g.registration_id
@@ -351,12 +369,12 @@ walk AS (
 parked_heads AS (
     -- the first parked item of each parked lane that runs nothing, if it is due and its
     -- source lane's head
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.target_lane_key
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key
       FROM (SELECT registration_id, revision, lane FROM free_lanes OFFSET 0) l
      CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.target_lane_key
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key
         FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.target_lane_key
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key
           FROM connector_work_items w
          WHERE w.registration_id = l.registration_id
            AND w.revision = l.revision
@@ -370,9 +388,9 @@ parked_heads AS (
      LIMIT {PARKED_LANES}
 ),
 cand AS (
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM parked_heads
+    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM parked_heads
     UNION ALL
-    SELECT work_id, lease_token, state, registration_id, target_lane_key FROM walk WHERE NOT blocked
+    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM walk WHERE NOT blocked
 ),
 {_TAKE}
 -- one row at least: the items taken and the busy lanes to park
@@ -430,6 +448,7 @@ def claim_sql(
     """A claim statement: the claim every call runs (`walk`), or the parking of the busy lanes
     its walk met (`park`; see "Parking")."""
     return _CLAIM_PARTS[part].format(
+        lock="FOR KEY SHARE OF g" if part == "park" else "",
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",

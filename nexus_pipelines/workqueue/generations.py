@@ -10,8 +10,9 @@ generation becomes 'active' only together with a durable, immutable receipt in
 `workqueue_generation_receipts` (which binds the route versions replay checks). One
 generation per registration may be active.
 
-Claims and Event starts take `FOR KEY SHARE` on the generation row; every gate takes
-`FOR UPDATE`, so once a gate commits no claim admitted before it is still in flight.
+Claims (on the generations they take items from) and Event starts take `FOR KEY SHARE`
+on the generation row; every gate takes `FOR UPDATE`, so once a gate commits no claim
+admitted before it is still in flight.
 
 Cutover of an Event-owned generation to WorkItem claims (`activate` with the WorkItem
 path): its Event admission must be stopped (`quiesce`), its scheduler lease gone and no

@@ -139,6 +139,27 @@ def test_target_lane_serializes_in_flight_items(control_conn, reg):
     assert len(claim(control_conn, reg, 10)) == 1
 
 
+def _claim_wrote(conn, reg) -> tuple[list, bool]:
+    """A claim in a transaction of its own, and whether it wrote anything (a write,
+    a row lock included, gives the transaction an id and a commit record)."""
+    with conn.transaction():
+        got = claim(conn, reg, 10)
+        (xid,) = conn.execute("SELECT pg_current_xact_id_if_assigned()").fetchone()
+    return got, xid is not None
+
+
+def test_a_claim_that_takes_nothing_writes_nothing(control_conn, reg):
+    assert _claim_wrote(control_conn, reg) == ([], False)  # nothing enqueued
+    enqueue(control_conn, reg, items(2, source_lane_key="lane-a"))
+    head, wrote = _claim_wrote(control_conn, reg)
+    assert len(head) == 1 and wrote
+    # the lane's next item waits for its running head: due, but nothing to take
+    assert _claim_wrote(control_conn, reg) == ([], False)
+    claims.complete(control_conn, [head[0].fence])
+    nxt, wrote = _claim_wrote(control_conn, reg)
+    assert len(nxt) == 1 and wrote
+
+
 def test_a_claim_holds_no_row_lock_on_candidates_it_did_not_take(control_conn, control_dsn, reg):
     """A claim holds its candidates with advisory locks: rows it passed over stay free to
     lock and update for everyone else while its transaction is open."""
