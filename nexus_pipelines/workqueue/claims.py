@@ -213,14 +213,18 @@ _LANE_LOCK = "pg_try_advisory_xact_lock(hashtextextended({a}.registration_id || 
 # answers it without a sort, whatever the statistics. As a `work_id <` range, the due index
 # (registration first) cost the same under the one-row estimates of tables analyzed empty
 # or never, and the tie went to the index created last: 0027 re-created the due index, and
-# the cached plan then read the registration's due items below `w` in every probe.
+# the cached plan then read the registration's due items below `w` in every probe. The
+# comparison is `>=` (the same answer: the first is never above `w`): the planner gives an
+# `=` against a subquery 0.5% of the rows, so on an analyzed full queue the walk's LIMIT
+# looked out of reach and it read and sorted every due item (a probe each) instead of
+# reading the due index in claim order; an inequality gets a third.
 _SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR ((
                 SELECT h.work_id FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
                    AND h.source_lane_key IS NOT NULL
                    AND h.state IN {sql_in(CLAIMABLE)}
-                 ORDER BY h.work_id LIMIT 1) = w.work_id
+                 ORDER BY h.work_id LIMIT 1) >= w.work_id
                AND NOT EXISTS (
                 SELECT 1 FROM connector_work_items r
                  WHERE r.registration_id = w.registration_id

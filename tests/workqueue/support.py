@@ -162,11 +162,12 @@ class CountingConnection:
         return getattr(self._conn, name)
 
 
-def claim_plan(conn: Connection, reg: str, limit: int) -> dict:
+def claim_plan(conn: Connection, reg: str, limit: int, *, seqscan: bool = False) -> dict:
     """The executed plan (EXPLAIN ANALYZE, JSON) of one claim of `reg`'s items, planned as on
-    a large table (no sequential scans: a test's table is small enough to read whole);
-    the caller runs it in a transaction it rolls back."""
-    conn.execute("SET LOCAL enable_seqscan = off")
+    a large table (no sequential scans: a test's table is small enough to read whole), or
+    with `seqscan` as the statistics have it; the caller runs it in a transaction it rolls back."""
+    if not seqscan:
+        conn.execute("SET LOCAL enable_seqscan = off")
     sql = claims.claim_sql(registrations=True, with_payload=True)
     params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": limit, "scan": limit, "classes": [],
               "types": [], "registrations": [reg]}

@@ -375,6 +375,23 @@ def test_claim_cost_does_not_follow_due_items_the_statistics_missed(control_conn
         raise psycopg.Rollback()
 
 
+def test_a_claim_walks_its_due_items_in_order_on_an_analyzed_full_queue(control_conn, reg):
+    """A full queue whose statistics know it (a backlog of many lanes, a few items each,
+    analyzed): the walk reads the due index in claim order up to what it takes, instead of
+    reading and sorting every due item (which a planner estimate of how few items are
+    source lane heads made look cheaper)."""
+    with control_conn.transaction():
+        enqueue(control_conn, reg, [NewWork(f"k{i}-{reg}", "t", source_lane_key=f"s{i % 200}",
+                                            target_lane_key=f"t{(7 * (i % 200) + i // 200) % 200}")
+                                    for i in range(4000)])
+        # due by the transaction's clock (now() is its start)
+        control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s", (reg,))
+        control_conn.execute("ANALYZE connector_work_items")
+        plan = claim_plan(control_conn, reg, 100, seqscan=True)
+        assert plan["Actual Rows"] == 100 and work_item_rows_read(plan) <= 1000, work_item_rows_read(plan)
+        raise psycopg.Rollback()
+
+
 def test_a_large_claim_holds_at_most_the_lock_cap(control_conn, reg):
     """A claim of 1,000 used to hold two advisory locks per item (candidate and target lane):
     its locks are capped, and the items past the cap are left for the next claim."""
