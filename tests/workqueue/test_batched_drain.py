@@ -7,8 +7,9 @@ import threading
 from datetime import timedelta
 
 from nexus_pipelines.control.db import connect
-from nexus_pipelines.workqueue import claims
+from nexus_pipelines.workqueue import claims, event_path, generations
 from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry, PermanentError, complete_with_effects
+from nexus_pipelines.workqueue.receipts import enqueue_work_items
 from nexus_pipelines.workqueue.retry import RetryPolicy
 from nexus_pipelines.workqueue.worker import _HeldLeases, drain
 
@@ -111,6 +112,26 @@ def test_a_batch_whose_effect_transaction_fails_after_completing_leaves_its_item
     retried = {r[0] for r in control_conn.execute(
         "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND attempts = 2", (reg,))}
     assert retried == failed
+
+
+def test_on_the_event_path_a_batch_handler_completes_nothing_itself_and_the_executor_settles_its_items(
+        control_conn, control_dsn, reg):
+    generations.activate(control_conn, reg, 1, recorded_by="test", route_versions={"bulk": 1}, claim_path="event")
+    enqueue_work_items(control_conn, items(3, "observe"), registration_id=reg, revision=1)
+    answers: list = []
+
+    def observe(batch):
+        with connect(control_dsn) as conn, conn.transaction():
+            assert len(claims.lock_fences(conn, batch)) == len(batch)
+            answers.extend(complete_with_effects(conn, batch, ["applied"] * len(batch)))
+        return answers[-len(batch):]
+
+    report = event_path.run_event_path(control_dsn, HandlerRegistry({"observe": Batched(observe)}), reg, 1,
+                                       retry_policy=FAST, time_budget_s=60)
+    assert answers == ["applied"] * 3 and report.completed == 3
+    assert control_conn.execute(
+        "SELECT count(*) FROM legacy_outcome_receipts WHERE registration_id = %s AND outcome = 'succeeded'", (reg,)
+    ).fetchone() == (3,)
 
 
 def test_a_heartbeat_after_a_batch_completed_its_items_with_their_effects_reports_none_of_them_lost(
