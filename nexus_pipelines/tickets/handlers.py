@@ -3,7 +3,8 @@
 * `ticket.observe` (from the poll's receipts): applies a batch of issue versions to
   custody, observations and tickets in one transaction with set-based statements, each
   item fenced by its own token (an item whose lease is lost writes nothing and is
-  reported lost; the others commit).
+  reported lost; the others commit), and completes the WorkItem-path items in that same
+  transaction.
 * `issue.close` (from an accepted proof): counts a dispatch durably before any
   provider call, runs the connector's comment-and-close through the core retry
   executor, and stores the one receipt. A later dispatch of the same command always
@@ -45,7 +46,15 @@ from nexus_pipelines.tickets.intake import (
 )
 from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
 from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence, lock_fences
-from nexus_pipelines.workqueue.handlers import Batched, BatchResult, Deferred, Handler, PermanentError, RetryLater
+from nexus_pipelines.workqueue.handlers import (
+    Batched,
+    BatchResult,
+    Deferred,
+    Handler,
+    PermanentError,
+    RetryLater,
+    complete_with_effects,
+)
 from nexus_pipelines.workqueue.receipts import ClaimedReceipt, EventSpec, Route, WorkSpec
 
 OBSERVE_WORK_TYPE = "ticket.observe"
@@ -127,8 +136,9 @@ class TicketHandlers:
                 if item.payload.get(SWEPT_MARK):  # found by a reconciliation sweep, not by the scans
                     open_sweep_gap_finding(conn, result.ticket_id, tenant=observation.key.tenant,
                                            project=observation.project, work_id=observation.work_id)
-        for (n, _, _), result in zip(live, applied):
-            results[n] = result.outcome
+            answers = complete_with_effects(conn, [item for _, item, _ in live], [r.outcome for r in applied])
+        for (n, _, _), answer in zip(live, answers):
+            results[n] = answer
         return results
 
     # -- issue.close ------------------------------------------------------------------

@@ -139,13 +139,14 @@ SELECT d.* FROM jsonb_to_recordset(%(rows)s::jsonb)
 # The first observation of each issue not linked yet: the ticket, its custody link, the P2
 # and UNTRIAGED facts, the triage finding and the observation, for the whole round in one
 # statement that also answers the ticket of each issue already linked (for `_OBSERVE`).
-# Ticket ids are drawn up front so every new row knows its own.
+# Ticket ids are drawn up front so every new row knows its own. Each version's custody link is
+# one probe of the links' key (a subquery per row): as a join, the planner, which takes the
+# JSON document for 100 rows, hashes every link of every registration per round.
 _CREATE = f"""
 WITH given AS MATERIALIZED (
-    SELECT i.*, l.ticket_id AS linked_id
+    SELECT i.*, (SELECT l.ticket_id FROM ticket_custody_links l
+                  WHERE l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref) AS linked_id
       FROM ({_INPUT}) i
-      LEFT JOIN ticket_custody_links l
-        ON l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref
 ), input AS MATERIALIZED (
     SELECT i.*, nextval(pg_get_serial_sequence('tickets', 'ticket_id')) AS new_id
       FROM (SELECT * FROM given WHERE linked_id IS NULL ORDER BY idx) i

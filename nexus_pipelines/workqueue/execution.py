@@ -15,7 +15,14 @@ from dataclasses import asdict, dataclass
 from psycopg import Connection
 
 from nexus_pipelines.workqueue.claims import ClaimedItem, Failure
-from nexus_pipelines.workqueue.handlers import Batched, Deferred, HandlerRegistry, PermanentError, RetryLater
+from nexus_pipelines.workqueue.handlers import (
+    Batched,
+    Completed,
+    Deferred,
+    HandlerRegistry,
+    PermanentError,
+    RetryLater,
+)
 from nexus_pipelines.workqueue.retry import RetryPolicy, summarize_exception
 from nexus_pipelines.workqueue.session import ControlSession
 
@@ -30,6 +37,7 @@ class HandlerResult:
     outcome: str | None = None
     error: BaseException | None = None
     started: bool = True
+    completed: bool = False  # by the handler, in the transaction of its effects (`Completed`)
 
 
 def run_handler(registry: HandlerRegistry, item: ClaimedItem) -> HandlerResult:
@@ -55,9 +63,16 @@ def run_batch(handler: Batched, items: list[ClaimedItem]) -> list[HandlerResult]
         except BaseException as exc:  # noqa: BLE001 - recorded on every item of the batch
             answers = [exc] * len(started)
         for item, answer in zip(started, answers):
-            results[item.fence] = (HandlerResult(item, error=answer) if isinstance(answer, BaseException)
-                                   else HandlerResult(item, answer))
+            results[item.fence] = _batch_result(item, answer)
     return [results[item.fence] for item in items]
+
+
+def _batch_result(item: ClaimedItem, answer) -> HandlerResult:
+    if isinstance(answer, BaseException):
+        return HandlerResult(item, error=answer)
+    if isinstance(answer, Completed):
+        return HandlerResult(item, answer.outcome, completed=True)
+    return HandlerResult(item, answer)
 
 
 def failure_for(item: ClaimedItem, exc: BaseException, policy: RetryPolicy) -> Failure:

@@ -14,7 +14,9 @@ A `Batched` handler takes a list of claimed items of its work type and returns o
 per item (an outcome, or the exception that item failed with); the drain hands it every
 item of that type a claim brought (split over its threads), so it can apply them in one
 transaction, each fenced by its own token (`claims.lock_fences`). Called with one item it
-is an ordinary handler, so the Event path runs it unchanged.
+is an ordinary handler, so the Event path runs it unchanged. It can also complete its
+WorkItem-path items in that same transaction (`complete_with_effects`): one statement and
+one commit fewer per batch, and an item's completion commits or rolls back with its effects.
 
 `NOOP` marks a work type whose handler does nothing: the worker completes such
 items straight from the claim, with the same fenced statements.
@@ -23,8 +25,13 @@ items straight from the claim, with the same fenced statements.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 
+from psycopg import Connection
+
+from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.claims import ClaimedItem
+from nexus_pipelines.workqueue.states import EVENT_PATH
 
 Handler = Callable[[ClaimedItem], "str | None"]
 
@@ -46,7 +53,34 @@ class Deferred(RetryLater):
     the attempt is counted as unstarted, so it spends none of the item's attempt budget."""
 
 
-BatchResult = "str | None | BaseException"
+@dataclass(frozen=True)
+class Completed:
+    """A batch item the handler completed itself, fenced by its token, in the transaction that
+    wrote its effects: once that transaction commits, the drain only counts it."""
+
+    outcome: str | None
+
+
+BatchResult = "str | None | Completed | BaseException"
+
+
+def complete_with_effects(conn: Connection, items: Sequence[ClaimedItem],
+                          outcomes: Sequence[str | None]) -> list[str | None | Completed]:
+    """Complete the WorkItem-path items among `items` (already locked by `claims.lock_fences` in
+    the caller's transaction) with their outcomes, in that transaction; returns each item's
+    batch result. Event-path items keep their plain outcome (their executor finalizes them),
+    and so would an item the statement did not complete (the drain's fenced completion then
+    decides). If the transaction fails, nothing is completed and the items take the drain's
+    failure path."""
+    by_outcome: dict[str | None, list[tuple[int, int]]] = {}
+    for item, outcome in zip(items, outcomes):
+        if item.claim_path != EVENT_PATH:
+            by_outcome.setdefault(outcome, []).append(item.fence)
+    done: set[int] = set()
+    for outcome, fences in by_outcome.items():
+        done |= claims.complete(conn, fences, outcome=outcome or "succeeded")
+    return [Completed(outcome) if item.claim_path != EVENT_PATH and item.work_id in done else outcome
+            for item, outcome in zip(items, outcomes)]
 
 
 class Batched:
@@ -59,7 +93,7 @@ class Batched:
         (result,) = self.apply([item])
         if isinstance(result, BaseException):
             raise result
-        return result
+        return result.outcome if isinstance(result, Completed) else result
 
 
 def _noop(item: ClaimedItem) -> None:

@@ -9,7 +9,8 @@ discarded). Results are finalized in batches: one fenced statement completes eve
 finished item, one records every failure; an item lost before its handler started
 is handed back as unstarted (so it counts as never dispatched). The items of a
 `Batched` work type in one claim go to its handler as a few batches (up to one per
-handler thread), in claim order.
+handler thread), in claim order; items such a handler completed in its own effect
+transaction (`Completed`) are only counted.
 
 Both connections are `ControlSession`s, both connected when the drain starts (the
 heartbeat's before its first beat): a Postgres
@@ -143,10 +144,11 @@ class _HeldLeases:
             return
         renewed = claims.renew(conn, (i.fence for i in held), self._ttl)
         missing = [i for i in held if i.work_id not in renewed]
-        # renewal skips rows someone locked for a moment: those are still held
+        # renewal skips rows someone locked for a moment: those are still held; completed
+        # with the item's token means a batch handler completed it with its effects
         still = claims.held(conn, (i.fence for i in missing)) if missing else {}
         for item in missing:
-            if still.get(item.work_id) != RUNNING:
+            if still.get(item.work_id) not in (RUNNING, COMPLETED):
                 self._lose(item)
 
     def lose_all(self) -> None:
@@ -176,9 +178,12 @@ class _Finalizer:
 
     def __call__(self, results: Sequence[HandlerResult]) -> None:
         lost = self._leases.lost if self._leases else set()
-        live = [r for r in results if r.started and r.item.fence not in lost and not r.item.lease_lost.is_set()]
-        unstarted = [r.item.fence for r in results if not r.started]
-        self._report.lost += len(results) - len(live)
+        # a completion the handler committed with its effects stands, whatever a later beat saw
+        self._report.completed += sum(1 for r in results if r.completed)
+        pending = [r for r in results if not r.completed]
+        live = [r for r in pending if r.started and r.item.fence not in lost and not r.item.lease_lost.is_set()]
+        unstarted = [r.item.fence for r in pending if not r.started]
+        self._report.lost += len(pending) - len(live)
         started = time.perf_counter()
         by_outcome: dict[str, list[tuple[int, int]]] = {}
         for r in live:

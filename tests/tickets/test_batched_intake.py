@@ -10,7 +10,7 @@ from nexus_pipelines.connectors.core.values import ExternalIssue, source_version
 from nexus_pipelines.tickets.handlers import LOST
 from nexus_pipelines.tickets.intake import CustodyKey, Observation, apply_observations
 from nexus_pipelines.workqueue import claims
-from nexus_pipelines.workqueue.handlers import Batched, HandlerRegistry
+from nexus_pipelines.workqueue.handlers import Batched, Completed, HandlerRegistry
 from nexus_pipelines.workqueue.worker import drain
 from nexus_pipelines.local.worlds.gitlab import GitLabWorld
 from nexus_pipelines.local.worlds.plant import NO_WAIT, Plant
@@ -56,12 +56,15 @@ def test_a_lost_item_in_a_batch_writes_nothing_and_the_others_commit(pool):
     with pool.connection() as conn:
         conn.execute("UPDATE connector_work_items SET lease_until = now() - interval '1 second' WHERE work_id = %s",
                      (items[1].work_id,))
-    assert plant.handlers.observe_batch(items) == ["created", LOST, "created"]
+    assert plant.handlers.observe_batch(items) == [Completed("created"), LOST, Completed("created")]
     with pool.connection() as conn:
         linked = {r[0] for r in conn.execute(
             "SELECT external_ref FROM ticket_custody_links WHERE tenant = %s AND registration_key = %s",
             (registration.tenant, registration.key))}
         assert counts(conn, registration)["observations"] == 2
+        states = dict(conn.execute("SELECT work_id, state || ':' || coalesce(outcome, '') FROM connector_work_items"
+                                   " WHERE work_id = ANY(%s)", ([i.work_id for i in items],)).fetchall())
+    assert [states[i.work_id] for i in items] == ["completed:created", "running:", "completed:created"]
     assert linked == {items[0].payload["issue"]["external_ref"], items[2].payload["issue"]["external_ref"]}
 
 
@@ -87,6 +90,24 @@ def test_a_batch_drained_with_one_item_lost_reports_it_lost_and_completes_the_ot
         assert counts(conn, registration)["tickets"] == report.completed
     assert report.lost >= 1 and report.completed >= 1
     assert report.lost + report.completed == report.claimed
+
+
+def test_a_drained_batch_completes_its_items_in_the_transaction_that_writes_their_tickets(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="batch-one-commit")
+    plant.activate(registration)
+    plant.world.add_issues(30)
+    plant.poll([registration])
+    plant.route()
+    report = plant.drain([registration.registration_id])
+    with pool.connection() as conn:
+        writers = conn.execute(
+            """SELECT w.xmin::text, l.xmin::text FROM ticket_custody_links l
+                 JOIN connector_work_items w ON w.work_id = l.linked_by_work_id
+                WHERE l.tenant = %s AND l.registration_key = %s AND w.state = 'completed'""",
+            (registration.tenant, registration.key)).fetchall()
+    assert len(writers) == 30 and all(item == link for item, link in writers)  # one transaction each
+    assert (report.completed, report.lost) == (30, 0)
 
 
 def test_two_versions_of_one_issue_in_one_batch_apply_in_lane_order(pool):
@@ -186,9 +207,9 @@ def test_a_first_sync_drained_after_tickets_was_analyzed_empty_checks_new_ticket
         with one.connection() as conn:
             conn.execute("ANALYZE tickets")
         for start in range(0, 1400, 100):
-            assert set(handlers.observe_batch(items[start:start + 100])) == {"created"}
+            assert set(handlers.observe_batch(items[start:start + 100])) == {Completed("created")}
         before = _tickets_seq_scans(one)
-        assert set(handlers.observe_batch(items[1400:])) == {"created"}
+        assert set(handlers.observe_batch(items[1400:])) == {Completed("created")}
         assert _tickets_seq_scans(one) - before == 0
     finally:
         one.close()
