@@ -144,6 +144,10 @@ def _invalid_item(data: dict, exc: ValidationError) -> FetchFailure:
         number = _Item.model_validate(data).number
     except ValidationError as unreadable:
         return _invalid_listing(unreadable)
+    return _invalid_issue(number, exc)
+
+
+def _invalid_issue(number: int, exc: ValidationError) -> FetchFailure:
     return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=f"issue {number}: {first_error(exc)}")
 
 
@@ -301,8 +305,7 @@ class GitHubConnector:
                 try:
                     issues.append(self._map(item))
                 except ValidationError as exc:
-                    return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                        detail=f"issue {item.number}: {first_error(exc)}")
+                    return _invalid_issue(item.number, exc)
         excluded = len(items) - len(issues)
         link, link_path = next_link(response), ""
         if link is not None:
