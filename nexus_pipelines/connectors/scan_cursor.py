@@ -217,6 +217,8 @@ class Watch:
         scan re-reads (`again_rows`) and from this scan's first walk on (`walk_rows` up to
         the last walk page's bound; rows past it wait in `pending` until a later walk page,
         `walked_to` its bound, takes them in, since pages come in update order)."""
+        if self.prior is None and self.walk is None:
+            return self  # no window to count in: no row's boundary is taken (Jira's costs a zone lookup)
         rows = [b for b in (boundary(at) for _, at in items) if anchor is None or b < anchor]
         watch = self
         if self.prior is not None:

@@ -247,3 +247,16 @@ def test_any_shift_field_decodes_to_a_watch_that_reads_back_or_is_a_cursor_error
         return
     again = Watch.decode(watch.encode())  # what a next cursor carries decodes, and is then stable
     assert Watch.decode(again.encode()) == again
+
+
+def test_a_page_with_no_walk_and_no_reread_window_to_count_in_takes_no_rows_boundary():
+    asked = []
+
+    def boundary(at):  # Jira's is a time zone lookup per row
+        asked.append(at)
+        return at
+
+    assert Watch().counted(PAGE, boundary) == Watch() and asked == []
+    # a walk counts its rows, each by its boundary
+    walking = Watch(walk=T, walk_to=T)
+    assert walking.counted(PAGE, boundary).walk_rows == 10 and len(asked) == 10

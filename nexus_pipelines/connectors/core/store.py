@@ -61,9 +61,6 @@ class PollClaim:
     lease_until: datetime
     cursor: str | None
     failure_count: int
-    # no other revision the request covers was due when this one was claimed: a scan that goes
-    # on is then most likely the next claim too (the poll run reads its next page ahead)
-    alone: bool = False
 
 
 # -- registrations -------------------------------------------------------------------
@@ -184,8 +181,7 @@ UPDATE connector_progress p
  WHERE (p.tenant, p.registration_key, p.revision_id) = (due.tenant, due.registration_key, due.revision_id)
    AND (r.tenant, r.registration_key, r.revision_id) = (due.tenant, due.registration_key, due.revision_id)
 RETURNING r.config, r.digest, r.revision_no, r.status, p.lease_token, p.lease_until, p.cursor_token, p.failure_count,
-          p.tenant, p.registration_key, p.revision_id,
-          NOT {_OTHERS_DUE.format(only="{only}", this="due.tenant, due.registration_key, due.revision_id")}
+          p.tenant, p.registration_key, p.revision_id
 """
 # in a page's flight: no claim when the page's cursor update kept its revision's lease for the next tick
 _UNLESS_KEPT = """AND NOT EXISTS (SELECT FROM connector_progress k
@@ -244,7 +240,7 @@ def _claimed(row: tuple | None, request: ClaimRequest) -> PollClaim | None:
     except RegistrationError as exc:
         raise UnreadableRevision(str(exc), tenant=row[8], key=row[9], revision_id=row[10], token=row[4],
                                  failure_count=row[7]) from None
-    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7], row[11])
+    return PollClaim(stored.registration, stored.revision_no, request.owner, row[4], row[5], row[6], row[7])
 
 
 _HOLD = """
@@ -370,9 +366,9 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         raise
     refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
     _, kept, token, lease_until = advance.fetchone()
-    if kept:  # no other revision was due: the next claim is this revision, alone, at the stored cursor
+    if kept:  # no other revision was due: the next claim is this revision at the stored cursor
         return PageCommit(refs, PollClaim(r, claim.revision_no, then_claim.owner, token, lease_until, next_cursor,
-                                          failure_count=0, alone=True))
+                                          failure_count=0))
     try:
         return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written

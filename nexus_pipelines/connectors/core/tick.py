@@ -128,6 +128,11 @@ def _page_request(claim: store.PollClaim) -> FetchIssuePage:
     return FetchIssuePage(cursor=claim.cursor, page_size=claim.registration.page_size)
 
 
+# the pages a run holds read ahead at most, one per revision: while more revisions take turns,
+# a commit reads nothing ahead until a held page is used or dropped
+MAX_PAGES_AHEAD = 8
+
+
 @dataclass(frozen=True)
 class ReadAhead:
     """A revision's next page, fetched while the commit of the page before was in flight: the
@@ -147,12 +152,12 @@ class ReadAhead:
 
 
 def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compose: Composer, executor: RetryExecutor,
-          rng: random.Random | None, *, claim_next: bool,
-          fetched: Fetched | None = None) -> tuple[TickReport | None, NextClaim, ReadAhead | None]:
+          rng: random.Random | None, *, claim_next: bool, fetched: Fetched | None = None,
+          read_ahead: bool = False) -> tuple[TickReport | None, NextClaim, ReadAhead | None]:
     """Run one tick on a claim already taken (its page already `fetched` when it was read ahead);
     with `claim_next`, a page's commit also takes the next tick's claim, returned beside the
-    report, with the next page of a scan that goes on, read while the commit is in flight, when
-    this claim was `alone` (else the next claim is most likely another revision)."""
+    report, and with `read_ahead` the next page of a scan that goes on, read while the commit is
+    in flight (for this revision's next claim, which may come after other revisions' turns)."""
     if isinstance(claim, store.UnreadableRevision):
         return _unreadable(conn, claim, rng), None, None
     if claim is None:
@@ -181,7 +186,7 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
         ahead.append(ReadAhead(registration.revision_id, following, _fetch(executor, adapter, following)))
 
     # an exhausted scan is not due again at once: its next claim is not this revision
-    reads_ahead = claim_next and claim.alone and not result.exhausted
+    reads_ahead = claim_next and read_ahead and not result.exhausted
     started = time.perf_counter()
     try:
         commit = store.commit_page(conn, claim, versions, next_cursor=result.next_cursor, exhausted=result.exhausted,
@@ -297,15 +302,17 @@ def poll(
     the next tick's claim in its own transaction (one commit per page); a claim the run no
     longer uses is given back when it stops.
 
-    A revision claimed while no other was due has its next page fetched while its page's
-    commit is in flight (before `on_tick` reports that page); the next tick uses it only when
-    its claim is the same revision at that cursor, so nothing of it is written unless that
-    commit succeeded.
+    A scan that goes on has its next page fetched while its page's commit is in flight (before
+    `on_tick` reports that page), and held for that revision's next claim in this run, directly
+    after or after other revisions' turns (at most `MAX_PAGES_AHEAD` held at once); that claim
+    uses it only when it is the same revision at that cursor, so nothing of it is written unless
+    that commit succeeded.
     """
     run = PollRunReport()
     deadline = time.monotonic() + time_budget_s
     request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
-    claim, taken, ahead = None, False, None  # taken: the previous page's commit claimed for this tick
+    claim, taken = None, False  # taken: the previous page's commit claimed for this tick
+    ahead: dict[str, ReadAhead] = {}  # the pages read ahead, by revision
     while True:
         if len(run.ticks) >= max_ticks:
             run.stopped = "max_ticks"
@@ -315,14 +322,17 @@ def poll(
             break
         if not taken:
             claim = _claim(conn, request)
-        fetched = ahead.page_for(claim) if ahead is not None else None
+        held = ahead.pop(claim.registration.revision_id, None) if isinstance(claim, store.PollClaim) else None
+        fetched = held.page_for(claim) if held is not None else None
         # the page's commit takes the next tick's claim when the run will go on
         goes_on = len(run.ticks) + 1 < max_ticks and time.monotonic() < deadline
-        report, claim, ahead = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on,
-                                     fetched=fetched)
+        report, claim, read = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on,
+                                    fetched=fetched, read_ahead=len(ahead) < MAX_PAGES_AHEAD)
         if report is None:
             run.stopped = "idle"
             break
+        if read is not None:
+            ahead[read.revision_id] = read
         taken = goes_on and report.outcome == "page"
         run.ticks.append(report)
         if on_tick is not None:

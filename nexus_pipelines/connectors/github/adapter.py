@@ -133,6 +133,24 @@ class _Issue(_Item):
 _ITEMS = TypeAdapter(list[dict])
 
 
+def _invalid_listing(exc: ValidationError) -> FetchFailure:
+    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=f"listing issues: {first_error(exc)}")
+
+
+def _invalid_item(data: dict, exc: ValidationError) -> FetchFailure:
+    """The failure for a listed item its model refused: named by its number when that much of it
+    is readable (an issue's own fields), else the listing's (what every item needs)."""
+    try:
+        number = _Item.model_validate(data).number
+    except ValidationError as unreadable:
+        return _invalid_listing(unreadable)
+    return _invalid_issue(number, exc)
+
+
+def _invalid_issue(number: int, exc: ValidationError) -> FetchFailure:
+    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=f"issue {number}: {first_error(exc)}")
+
+
 def _first_page_params(since: datetime | None, page_size: int) -> dict:
     params = {"state": "all", "sort": "updated", "direction": "asc", "per_page": page_size}
     if since is not None:
@@ -270,23 +288,25 @@ class GitHubConnector:
     def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
         try:
             raw = _ITEMS.validate_json(response.content)
-            items = [(_Item.model_validate(d), "pull_request" in d, d) for d in raw]
         except ValidationError as exc:
             if body_is_truncated(exc):
                 return FetchFailure(retry_class="retryable", reason="transport_protocol",
                                     detail="listing issues: the response body is not complete JSON")
-            return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                detail=f"listing issues: {first_error(exc)}")
-        issues, excluded = [], 0
-        for item, is_pull, data in items:
-            if is_pull:
-                excluded += 1
-                continue
+            return _invalid_listing(exc)
+        items, issues = [], []
+        for data in raw:
             try:
-                issues.append(self._map(_Issue.model_validate(data)))
+                # each item is validated once: a pull request as the `_Item` that moves the cursor
+                item = _Item.model_validate(data) if "pull_request" in data else _Issue.model_validate(data)
             except ValidationError as exc:
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail=f"issue {item.number}: {first_error(exc)}")
+                return _invalid_item(data, exc)
+            items.append(item)
+            if isinstance(item, _Issue):
+                try:
+                    issues.append(self._map(item))
+                except ValidationError as exc:
+                    return _invalid_issue(item.number, exc)
+        excluded = len(items) - len(issues)
         link, link_path = next_link(response), ""
         if link is not None:
             try:
@@ -300,7 +320,7 @@ class GitHubConnector:
             link, link_path = parsed.raw_path.decode("ascii"), parsed.path
         etag = response.headers.get("ETag")
         etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
-        after = cursor.after_page(items=[(str(item.number), item.updated_at) for item, _, _ in items],
+        after = cursor.after_page(items=[(str(item.number), item.updated_at) for item in items],
                                   served=served_at(response),
                                   etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size))
         token = after.encode()

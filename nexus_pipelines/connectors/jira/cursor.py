@@ -60,18 +60,21 @@ JQL_ORDER = "ORDER BY updated ASC, id ASC"
 _EARLIEST, _LATEST = datetime(1970, 1, 1, tzinfo=UTC), datetime(9000, 1, 1, tzinfo=UTC)  # any zone can show these
 
 
-def _jql_wall_minute(bound: datetime, zone: ZoneInfo) -> datetime:
+def _jql_wall_minute(bound: datetime, zone: ZoneInfo) -> tuple[datetime, tuple[datetime, datetime]]:
     """The latest wall-time minute in `zone` (naive) that means no instant after `bound`,
-    whichever offset Jira picks for a wall time a daylight-saving change makes ambiguous."""
+    whichever offset Jira picks for a wall time a daylight-saving change makes ambiguous, and
+    the two instants it can mean (fold 0 and 1)."""
     local = bound.astimezone(zone).replace(second=0, microsecond=0, tzinfo=None)
-    while max(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1)) > bound:
+    while True:
+        meanings = tuple(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1))
+        if max(meanings) <= bound:
+            return local, meanings
         local -= timedelta(minutes=1)
-    return local
 
 
 def jql_minute(bound: datetime, zone: ZoneInfo) -> str:
     """`bound` as the `yyyy-MM-dd HH:mm` JQL literal (`_jql_wall_minute`)."""
-    return _jql_wall_minute(bound, zone).strftime("%Y-%m-%d %H:%M")
+    return _jql_wall_minute(bound, zone)[0].strftime("%Y-%m-%d %H:%M")
 
 
 def earliest_meaning(bound: datetime | None, zone: ZoneInfo) -> datetime | None:
@@ -80,8 +83,7 @@ def earliest_meaning(bound: datetime | None, zone: ZoneInfo) -> datetime | None:
     minute itself, not its text read back: a scan asks this of every issue of a page.)"""
     if bound is None:
         return None
-    local = _jql_wall_minute(bound, zone)
-    return min(local.replace(tzinfo=zone, fold=fold).astimezone(UTC) for fold in (0, 1))
+    return min(_jql_wall_minute(bound, zone)[1])
 
 
 def scan_jql(project_id: int, since: datetime | None, zone: ZoneInfo) -> str:

@@ -1,8 +1,10 @@
-"""A poll run reads a scan's next page while the commit of the page before is in flight, only
-when the next claim is that revision, and never uses a page read ahead of a commit that failed."""
+"""A poll run reads a scan's next page while the commit of the page before is in flight, holds it
+for that revision's next claim (after other revisions' turns too), and never uses a page read
+ahead of a commit that failed."""
 
 from contextlib import contextmanager
 
+from nexus_pipelines.connectors.core import tick
 from nexus_pipelines.connectors.core.tick import poll
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.worlds.plant import executor
@@ -105,9 +107,10 @@ def test_a_page_read_ahead_of_a_commit_that_lost_its_lease_is_not_used(pool):
     assert report.totals["admitted"] == receipts == 10
 
 
-def test_a_run_over_several_due_registrations_reads_ahead_only_once_one_is_left_and_reads_no_page_twice(pool):
-    short_plant, short = due_gitlab_poll(pool, "read-ahead-short", issues=6)  # two pages, due first
-    long_plant, long = due_gitlab_poll(pool, "read-ahead-long", issues=14)  # four pages
+def _two_scans_taking_turns(pool, key: str):
+    """A short scan (two pages, due first) and a long one (four pages), polled in one run; its log."""
+    short_plant, short = due_gitlab_poll(pool, f"{key}-short", issues=6)
+    long_plant, long = due_gitlab_poll(pool, f"{key}-long", issues=14)
     composers = {short.key: short_plant.composer, long.key: long_plant.composer}
     with pool.connection() as conn:
         flights = _Flights(conn)
@@ -117,7 +120,23 @@ def test_a_run_over_several_due_registrations_reads_ahead_only_once_one_is_left_
     assert [t.registration_id for t in report.ticks] == [short.registration_id, long.registration_id] * 2 + [
         long.registration_id] * 2  # the two scans take turns while both are due
     assert len(flights.fetches) == len(set(flights.fetches)) == 6  # no page read ahead and thrown away
-    # while both were due nothing was read ahead; once the short scan ended, the long one's pages were
-    assert flights.log[:9] == ["fetch", "sent", "answered"] * 3
-    assert flights.log[9:] == ["fetch", "sent", "fetch", "answered", "sent", "fetch", "answered", "sent", "answered"]
     assert report.totals["admitted"] == receipts == 20
+    return flights.log
+
+
+def test_a_run_over_several_due_registrations_reads_each_scans_next_page_ahead_for_its_next_turn(pool):
+    log = _two_scans_taking_turns(pool, "read-ahead-turns")
+    # every page that does not end its scan reads the next one while its commit is in flight,
+    # and that revision's next turn, after the other's, uses it
+    assert log == ["fetch", "sent", "fetch", "answered", "fetch", "sent", "fetch", "answered",  # short 1, long 1
+                   "sent", "answered", "sent", "fetch", "answered",  # short 2 (its last), long 2
+                   "sent", "fetch", "answered", "sent", "answered"]  # long 3, long 4 (its last)
+
+
+def test_a_run_holds_at_most_max_pages_ahead_and_reads_none_ahead_while_that_many_are_held(pool, monkeypatch):
+    monkeypatch.setattr(tick, "MAX_PAGES_AHEAD", 1)
+    log = _two_scans_taking_turns(pool, "read-ahead-bounded")
+    # the long scan's first commit reads nothing ahead while the short scan's page is held
+    assert log == ["fetch", "sent", "fetch", "answered", "fetch", "sent", "answered",  # short 1, long 1
+                   "sent", "answered", "fetch", "sent", "fetch", "answered",  # short 2 (its last), long 2
+                   "sent", "fetch", "answered", "sent", "answered"]  # long 3, long 4 (its last)

@@ -4,6 +4,7 @@ the cursor's scan rules."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import json
@@ -12,12 +13,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import jwt
 import pytest
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from nexus_pipelines.connectors.core.compose import compose
 from nexus_pipelines.connectors.core.registry import ComposeContext, ConnectorRegistry
 from nexus_pipelines.connectors.core.values import CloseFailure, ExternalIssuePage, FetchFailure, FetchIssuePage
 from nexus_pipelines.connectors.github import SPEC
+from nexus_pipelines.connectors.github import adapter as adapter_module
 from nexus_pipelines.connectors.github.adapter import GitHubConnector, GitHubCredentialsRefused, build
 from nexus_pipelines.connectors.github.cursor import GitHubCursor
 from nexus_pipelines.connectors.provider_gate import ProviderGates
@@ -462,3 +464,30 @@ def test_a_cursor_time_outside_what_a_cursor_holds_is_a_contract_violation(world
     result = fetch(world.adapter(), f"gh1;n=0;since=-;from=-;hwm={hwm};etag=0;next=/")
     assert isinstance(result, FetchFailure) and result.reason == "contract_violation"
     assert "out of range" in result.detail
+
+
+def test_a_listed_item_is_validated_once_an_issue_as_an_issue_and_a_pull_request_as_an_item(world, monkeypatch):
+    world.add_issues(3)
+    world.add_excluded_item()
+    builds = collections.Counter()
+    validate = BaseModel.model_validate.__func__
+
+    def counted(cls, obj, *args, **kwargs):
+        builds[cls.__name__] += 1
+        return validate(cls, obj, *args, **kwargs)
+
+    monkeypatch.setattr(adapter_module._Item, "model_validate", classmethod(counted))  # _Issue inherits it
+    page = fetch(world.adapter())
+    assert isinstance(page, ExternalIssuePage) and len(page.issues) == 3 and page.excluded == 1
+    assert builds == {"_Issue": 3, "_Item": 1}
+
+
+def test_a_listed_issue_its_model_refuses_is_named_by_its_number_and_one_without_a_number_by_the_listing(world):
+    world.add_issues(2)
+    adapter = world.adapter()
+    for item, detail in (({**listed(world, 2), "title": None}, "issue 2: title"),
+                         ({**listed(world, 2), "number": None}, "listing issues: number")):
+        world.state.faults.push("list_issues", Fault(status=200, body=[listed(world, 1), item]))
+        result = fetch(adapter)
+        assert isinstance(result, FetchFailure) and result.reason == "invalid_payload"
+        assert result.detail.startswith(detail), result.detail
