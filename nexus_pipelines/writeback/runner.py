@@ -467,7 +467,7 @@ class Runner:
         def produce() -> Iterator[list[tuple[MappedRecord, RecordState | None]]]:
             # Runs on the prefetch thread: read a page, map it again, read its states. Each
             # page starts only while a CRM call is in flight (or the writer is starved), so
-            # this thread's CPU work does not compete with the ledger commits.
+            # this thread's CPU work does not compete with the writer between two CRM calls.
             for page in gated(self.reader.pages(self.write_page_size), gate):
                 t = time.perf_counter()
                 mapped = [self.mapper.map_record(row) for row in page]
