@@ -18,9 +18,12 @@ The first run's control-plane cost is reported per batch commit (the run's total
 its batches, so the few writes outside the batches count too): WAL bytes (from
 pg_current_wal_lsn() around the run), WAL records and full-page images (pg_stat_wal),
 WAL writes and fsyncs (pg_stat_io) and committed transactions of the bench's database
-(pg_stat_database). They cover the whole server, so with NEXUS_PG_DSN another client's
+(pg_stat_database; read-only ones count too, such as the lease check before each batch).
+They cover the whole server, so with NEXUS_PG_DSN another client's
 writes count too; `pg_data_dir` says where the bench put its database (removed, with the
-emulator's files, when the bench ends).
+emulator's files, when the bench ends). The batch commits run on a commit thread while
+the next batch is in flight: `ledger_writes_s` is their own time, `ledger_wait_s` the
+part of it the write pass waited for.
 
 `run_over_api` is the first run's wall time over its time in CRM calls (upserts and
 read-backs); `run_over_api_without_pre_write_warehouse` leaves out the BigQuery waits

@@ -9,7 +9,7 @@ assets and the CLI.
 6. set-based key checks, then the no-write validation pass (map and hash every row,
    and count what the write pass will send);
 7. current record states, read page by page alongside the rows;
-8. batched upserts, each batch's evidence committed before the next batch is sent;
+8. batched upserts, each batch's evidence committed while the next batch is in flight;
 9. final counts and status;
 10. cleanup in `finally`: candidate table deleted, lease released.
 
