@@ -484,8 +484,8 @@ class Runner:
                 yield chosen
 
         batch: list[tuple[MappedRecord, RecordState | None]] = []
-        with _side_ledger(self.ledger) as reader, _side_ledger(self.ledger) as committing:
-            self.ledger_reader = reader
+        with _side_ledger(self.ledger) as reader, _side_ledger(self.ledger) as writer:
+            self.ledger_reader, self.ledger_writer = reader, writer
             committer = Committer()
             try:
                 for chosen in prefetch(produce(), self.prefetch_pages, gate):
@@ -493,11 +493,10 @@ class Runner:
                     for item in chosen:
                         batch.append(item)
                         if len(batch) == size:
-                            yield from self._send(context, crm, batch, counts, total_batches, ttl, committer,
-                                                  committing)
+                            yield from self._send(context, crm, batch, counts, total_batches, ttl, committer)
                             batch = []
                 if batch:
-                    yield from self._send(context, crm, batch, counts, total_batches, ttl, committer, committing)
+                    yield from self._send(context, crm, batch, counts, total_batches, ttl, committer)
                 yield from self._collect(context, counts, committer, total_batches)
             finally:
                 self._drain(context, counts, committer)
@@ -505,7 +504,7 @@ class Runner:
         self.stage_seconds[STAGE_STATE_READ] = state_s[0]
 
     def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[Pending], counts: _Counts,
-              total_batches: int, ttl: timedelta, committer: Committer, committing: Ledger) -> Iterator[Event]:
+              total_batches: int, ttl: timedelta, committer: Committer) -> Iterator[Event]:
         """Send one batch, then collect the previous batch's commit and submit this one's: a
         batch's commit runs while the next batch is in flight. A batch whose answer stops the
         run is committed before the run stops."""
@@ -534,7 +533,7 @@ class Runner:
             yield from self._collect(context, counts, committer, total_batches)
         finally:  # this batch was sent: its evidence is committed even when the previous commit failed
             usage = self._usage_text()
-            committer.submit(sent, lambda lease=self.lease: committing.commit_batch(
+            committer.submit(sent, lambda lease=self.lease, ledger=self.ledger_writer: ledger.commit_batch(
                 context.run_id, batch_id, lease, ttl, sent.settled.outcomes, sent.settled.counts, api_usage=usage))
         if sent.settled.contradiction or outcome.stop_reason:
             yield from self._collect(context, counts, committer, total_batches)
