@@ -88,6 +88,7 @@ STAGE_MAPPING = "mapping_hashing"
 STAGE_CRM = "crm_calls"
 STAGE_LEDGER = "ledger_writes"  # the batch commits' own time, on the commit thread
 STAGE_LEDGER_WAIT = "ledger_wait"  # the time the write pass waited for them
+STAGE_LEASE = "lease_checks"  # the lease renewed or its token read before each batch
 STAGE_CLEANUP = "cleanup"
 
 PAGE_SIZE = 5000  # validation pass: throughput
@@ -500,7 +501,7 @@ class Runner:
                 yield from self._collect(context, counts, committer, total_batches)
             finally:
                 self._drain(context, counts, committer)
-        self.stage_seconds[STAGE_MAPPING] = self.stage_seconds.get(STAGE_MAPPING, 0.0) + mapping_s[0]
+        self._spent(STAGE_MAPPING, mapping_s[0])
         self.stage_seconds[STAGE_STATE_READ] = state_s[0]
 
     def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[Pending], counts: _Counts,
@@ -510,7 +511,9 @@ class Runner:
         run is committed before the run stops."""
         cfg = self.config.write
         number = counts.batches + committer.pending + 1
+        started = time.perf_counter()
         self._hold_lease(number)
+        self._spent(STAGE_LEASE, time.perf_counter() - started)
         # A batch with records new to the ledger may need its read-back query too.
         self._check_headroom(number, total_batches, calls=1 + any(may_need_read_back(p) for _, p in batch))
         batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
@@ -527,7 +530,7 @@ class Runner:
         sent = _Sent(number, batch_id, len(batch), outcome, time.perf_counter() - started, settle(
             batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds,
             read_back=read_back))
-        self.stage_seconds[STAGE_CRM] = self.stage_seconds.get(STAGE_CRM, 0.0) + sent.crm_seconds
+        self._spent(STAGE_CRM, sent.crm_seconds)
         self.api_usage = crm.api_usage or self.api_usage
         try:
             yield from self._collect(context, counts, committer, total_batches)
@@ -576,13 +579,12 @@ class Runner:
         try:
             done = committer.collect()
         finally:
-            self.stage_seconds[STAGE_LEDGER_WAIT] = (self.stage_seconds.get(STAGE_LEDGER_WAIT, 0.0)
-                                                     + time.perf_counter() - started)
+            self._spent(STAGE_LEDGER_WAIT, time.perf_counter() - started)
         if done is not None:
             self.lease = done.result
             self._last_renew = done.started
             self.ledger_commit_ms.append(done.seconds * 1000)
-            self.stage_seconds[STAGE_LEDGER] = self.stage_seconds.get(STAGE_LEDGER, 0.0) + done.seconds
+            self._spent(STAGE_LEDGER, done.seconds)
         return done
 
     def _count(self, context: JobContext, counts: _Counts, done: Committed) -> _Sent:
@@ -718,8 +720,11 @@ class Runner:
 
     def _stage(self, stage: str, started: float, metadata: dict | None = None) -> StageDone:
         seconds = time.perf_counter() - started
-        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+        self._spent(stage, seconds)
         return StageDone(stage, seconds, metadata or {})
+
+    def _spent(self, stage: str, seconds: float) -> None:
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
 
     def _event(self, event: str, context: JobContext, level: int = logging.INFO, **fields: Any) -> None:
         log_event(self.log, event, level=level, job_name=self.job_name, run_id=context.run_id, **fields)
