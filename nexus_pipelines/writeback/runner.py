@@ -88,7 +88,7 @@ STAGE_MAPPING = "mapping_hashing"
 STAGE_CRM = "crm_calls"
 STAGE_LEDGER = "ledger_writes"  # the batch commits' own time, on the commit thread
 STAGE_LEDGER_WAIT = "ledger_wait"  # the time the write pass waited for them
-STAGE_LEASE = "lease_checks"  # the lease renewed or its token read before each batch
+STAGE_LEASE = "lease_checks"  # the lease renewed or its token read after each batch's answer
 STAGE_CLEANUP = "cleanup"
 
 PAGE_SIZE = 5000  # validation pass: throughput
@@ -506,14 +506,12 @@ class Runner:
 
     def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[Pending], counts: _Counts,
               total_batches: int, ttl: timedelta, committer: Committer) -> Iterator[Event]:
-        """Send one batch, then collect the previous batch's commit and submit this one's: a
-        batch's commit runs while the next batch is in flight. A batch whose answer stops the
-        run is committed before the run stops."""
+        """Send one batch, then collect the previous batch's commit, check the lease and submit
+        this one's commit: a batch's commit runs while the next batch is in flight. A batch
+        whose answer stops the run is committed before the run stops."""
         cfg = self.config.write
         number = counts.batches + committer.pending + 1
-        started = time.perf_counter()
-        self._hold_lease(number)
-        self._spent(STAGE_LEASE, time.perf_counter() - started)
+        self._heartbeat()
         # A batch with records new to the ledger may need its read-back query too.
         self._check_headroom(number, total_batches, calls=1 + any(may_need_read_back(p) for _, p in batch))
         batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
@@ -534,6 +532,7 @@ class Runner:
         self.api_usage = crm.api_usage or self.api_usage
         try:
             yield from self._collect(context, counts, committer, total_batches)
+            self._hold_lease(number + 1)
         finally:  # this batch was sent: its evidence is committed even when the previous commit failed
             usage = self._usage_text()
             committer.submit(sent, lambda lease=self.lease, ledger=self.ledger_writer: ledger.commit_batch(
@@ -708,12 +707,18 @@ class Runner:
         return False
 
     def _hold_lease(self, number: int) -> None:
-        """Before a batch is sent: the lease is renewed when due, else its token is checked (a
-        read, nothing to commit), since the previous batch's commit, which renews the lease
-        under its token, may still be in flight. Raises LeaseLost."""
-        if self.lease is not None and not self._heartbeat() and not leases.is_current(self.ledger.conn, self.lease):
-            raise LeaseLost(f"writeback lease {self.lease.name!r} was lost (token {self.lease.token}); stopped "
-                            f"before batch {number}, record state left to the current holder")
+        """After a batch's answer, before batch `number` may be sent: the lease is renewed when
+        due, else its token is checked (a read, nothing to commit), in place of the fencing
+        verdict of the answered batch's commit, which runs while batch `number` is in flight.
+        Raises LeaseLost."""
+        started = time.perf_counter()
+        try:
+            if self.lease is not None and not self._heartbeat() and not leases.is_current(self.ledger.conn,
+                                                                                          self.lease):
+                raise LeaseLost(f"writeback lease {self.lease.name!r} was lost (token {self.lease.token}); stopped "
+                                f"before batch {number}, record state left to the current holder")
+        finally:
+            self._spent(STAGE_LEASE, time.perf_counter() - started)
 
     def _db_now(self) -> datetime:
         return self.ledger.conn.execute("SELECT clock_timestamp()").fetchone()[0]
