@@ -1,6 +1,6 @@
 """Reading and mapping the next page of candidates on a background thread while the
 current batch's CRM call is in flight (the write pass), with a gate so that this CPU
-work does not compete with the ledger commits."""
+work does not compete with what the writer does between two CRM calls."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ assets and the CLI.
 6. set-based key checks, then the no-write validation pass (map and hash every row,
    and count what the write pass will send);
 7. current record states, read page by page alongside the rows;
-8. batched upserts, each batch's evidence committed before the next batch is sent;
+8. batched upserts, each batch's evidence committed while the next batch is in flight;
 9. final counts and status;
 10. cleanup in `finally`: candidate table deleted, lease released.
 
@@ -33,6 +33,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import bigquery
 from google.cloud.bigquery_storage_v1 import BigQueryReadClient
 
+from nexus_pipelines.control import leases
 from nexus_pipelines.control.leases import Lease, LeaseLost
 from nexus_pipelines.integrations.nexuscrm import (
     ApiLimit,
@@ -43,7 +44,8 @@ from nexus_pipelines.integrations.nexuscrm import (
     sanitize_error_message,
 )
 from nexus_pipelines.redaction import printable
-from nexus_pipelines.writeback.batch import Pending, ReadBack, may_need_read_back, read_back_ids, settle
+from nexus_pipelines.writeback.batch import Pending, ReadBack, Settlement, may_need_read_back, read_back_ids, settle
+from nexus_pipelines.writeback.commits import Committed, Committer
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
@@ -84,7 +86,9 @@ STAGE_VALIDATION = "validation_pass"
 STAGE_STATE_READ = "state_read"
 STAGE_MAPPING = "mapping_hashing"
 STAGE_CRM = "crm_calls"
-STAGE_LEDGER = "ledger_writes"
+STAGE_LEDGER = "ledger_writes"  # the batch commits' own time, on the commit thread
+STAGE_LEDGER_WAIT = "ledger_wait"  # the time the write pass waited for them
+STAGE_LEASE = "lease_checks"  # the lease renewed or its token read after each batch's answer
 STAGE_CLEANUP = "cleanup"
 
 PAGE_SIZE = 5000  # validation pass: throughput
@@ -156,6 +160,18 @@ def default_crm_factory(config: LoadedConfig) -> NexusCrmClient:
     w = config.config.write
     return NexusCrmClient(credentials, max_attempts=w.max_attempts, base_backoff_s=w.base_backoff_seconds,
                           max_backoff_s=w.max_backoff_seconds)
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """A batch the CRM answered, waiting for its commit to be counted and reported."""
+
+    number: int
+    batch_id: str
+    size: int
+    outcome: BatchWriteOutcome
+    crm_seconds: float
+    settled: Settlement
 
 
 @dataclass
@@ -446,15 +462,13 @@ class Runner:
         ttl = timedelta(seconds=cfg.write.lease_ttl_seconds)
         mapping_s = [0.0]
         state_s = [0.0]
-        crm_s = 0.0
-        ledger_s = 0.0
 
         gate = self._gate = Gate()
 
         def produce() -> Iterator[list[tuple[MappedRecord, RecordState | None]]]:
             # Runs on the prefetch thread: read a page, map it again, read its states. Each
             # page starts only while a CRM call is in flight (or the writer is starved), so
-            # this thread's CPU work does not compete with the ledger commits.
+            # this thread's CPU work does not compete with the writer between two CRM calls.
             for page in gated(self.reader.pages(self.write_page_size), gate):
                 t = time.perf_counter()
                 mapped = [self.mapper.map_record(row) for row in page]
@@ -471,31 +485,33 @@ class Runner:
                 yield chosen
 
         batch: list[tuple[MappedRecord, RecordState | None]] = []
-        with _reader_connection(self.ledger) as reader:
-            self.ledger_reader = reader
-            for chosen in prefetch(produce(), self.prefetch_pages, gate):
-                self._heartbeat()  # pages with nothing to send must not let the lease lapse
-                for item in chosen:
-                    batch.append(item)
-                    if len(batch) == size:
-                        c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
-                        crm_s += c
-                        ledger_s += l
-                        batch = []
-            if batch:
-                c, l = yield from self._send(context, crm, batch, counts, total_batches, ttl)
-                crm_s += c
-                ledger_s += l
-        self.stage_seconds[STAGE_MAPPING] = self.stage_seconds.get(STAGE_MAPPING, 0.0) + mapping_s[0]
+        with _side_ledger(self.ledger) as reader, _side_ledger(self.ledger) as writer:
+            self.ledger_reader, self.ledger_writer = reader, writer
+            committer = Committer()
+            try:
+                for chosen in prefetch(produce(), self.prefetch_pages, gate):
+                    self._heartbeat()  # pages with nothing to send must not let the lease lapse
+                    for item in chosen:
+                        batch.append(item)
+                        if len(batch) == size:
+                            yield from self._send(context, crm, batch, counts, total_batches, ttl, committer)
+                            batch = []
+                if batch:
+                    yield from self._send(context, crm, batch, counts, total_batches, ttl, committer)
+                yield from self._collect(context, counts, committer, total_batches)
+            finally:
+                self._drain(context, counts, committer)
+        self._spent(STAGE_MAPPING, mapping_s[0])
         self.stage_seconds[STAGE_STATE_READ] = state_s[0]
-        self.stage_seconds[STAGE_CRM] = crm_s
-        self.stage_seconds[STAGE_LEDGER] = ledger_s
 
     def _send(self, context: JobContext, crm: NexusCrmClient, batch: list[Pending], counts: _Counts,
-              total_batches: int, ttl: timedelta) -> Iterator[Event]:
+              total_batches: int, ttl: timedelta, committer: Committer) -> Iterator[Event]:
+        """Send one batch, then collect the previous batch's commit, check the lease and submit
+        this one's commit: a batch's commit runs while the next batch is in flight. A batch
+        whose answer stops the run is committed before the run stops."""
         cfg = self.config.write
-        self._heartbeat(force=False)
-        number = counts.batches + 1
+        number = counts.batches + committer.pending + 1
+        self._heartbeat()
         # A batch with records new to the ledger may need its read-back query too.
         self._check_headroom(number, total_batches, calls=1 + any(may_need_read_back(p) for _, p in batch))
         batch_id = f"{context.run_id}:{self.execution_id}:{number:06d}"
@@ -509,19 +525,70 @@ class Runner:
             if self._gate is not None:
                 self._gate.set(crm=False)
         read_back = self._read_back(crm, batch, outcome, counts)
-        crm_seconds = time.perf_counter() - started
+        sent = _Sent(number, batch_id, len(batch), outcome, time.perf_counter() - started, settle(
+            batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds,
+            read_back=read_back))
+        self._spent(STAGE_CRM, sent.crm_seconds)
         self.api_usage = crm.api_usage or self.api_usage
-        settled = settle(batch, outcome, base_backoff_s=cfg.base_backoff_seconds, max_backoff_s=cfg.max_backoff_seconds,
-                         read_back=read_back)
+        try:
+            yield from self._collect(context, counts, committer, total_batches)
+            self._hold_lease(number + 1)
+        finally:  # this batch was sent: its evidence is committed even when the previous commit failed
+            usage = self._usage_text()
+            committer.submit(sent, lambda lease=self.lease, ledger=self.ledger_writer: ledger.commit_batch(
+                context.run_id, batch_id, lease, ttl, sent.settled.outcomes, sent.settled.counts, api_usage=usage))
+        if sent.settled.contradiction or outcome.stop_reason:
+            yield from self._collect(context, counts, committer, total_batches)
+
+    def _collect(self, context: JobContext, counts: _Counts, committer: Committer,
+                 total_batches: int) -> Iterator[Event]:
+        """Wait for the batch commit in flight, then count and report its batch; raises what
+        the commit raised, or RunFailed when the batch's answer stops the run."""
+        done = self._committed(committer)
+        if done is None:
+            return
+        sent = self._count(context, counts, done)
+        b, codes = sent.settled.counts, sent.settled.codes
+        yield Progress(f"batch {sent.number}/{max(total_batches, sent.number)}: "
+                       f"{b.succeeded} ok, {b.retryable_failed + b.permanently_failed} rejected"
+                       + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(codes.items()))})" if codes else ""))
+        # The batch's evidence is committed; now the run stops if the CRM said it must.
+        if sent.settled.contradiction:
+            raise RunFailed(f"NexusCRM's answer to batch {sent.number} contradicts the ledger "
+                            f"({sent.settled.contradiction}); its {sent.size} rows are left unaccounted (retryable) "
+                            "and the run stopped: check the CRM or the gateway in front of it")
+        if sent.outcome.stop_reason:
+            raise RunFailed(f"batch {sent.number}: {sent.outcome.stop_reason}")
+
+    def _drain(self, context: JobContext, counts: _Counts, committer: Committer) -> None:
+        """The write pass is ending on an error: the last sent batch's commit is still waited
+        for and counted, so the run row and the result agree with the ledger."""
+        try:
+            done = self._committed(committer)
+            if done is not None:
+                self._count(context, counts, done)
+        except (LeaseLost, psycopg.Error) as exc:  # the error already ending the run is the one reported
+            self._event("commit_failed", context, level=logging.ERROR, error=sanitize_error_message(str(exc)))
+        finally:
+            committer.close()
+
+    def _committed(self, committer: Committer) -> Committed | None:
+        """The commit in flight, waited for (the wait is counted even when it failed)."""
         started = time.perf_counter()
         try:
-            self.lease = self.ledger.commit_batch(context.run_id, batch_id, self.lease, ttl, settled.outcomes,
-                                                  settled.counts, api_usage=self._usage_text())
+            done = committer.collect()
         finally:
-            ledger_seconds = time.perf_counter() - started
-            self.ledger_commit_ms.append(ledger_seconds * 1000)
-        self._last_renew = time.monotonic()
-        b = settled.counts
+            self._spent(STAGE_LEDGER_WAIT, time.perf_counter() - started)
+        if done is not None:
+            self.lease = done.result
+            self._last_renew = done.started
+            self.ledger_commit_ms.append(done.seconds * 1000)
+            self._spent(STAGE_LEDGER, done.seconds)
+        return done
+
+    def _count(self, context: JobContext, counts: _Counts, done: Committed) -> _Sent:
+        sent: _Sent = done.tag
+        settled, outcome, b = sent.settled, sent.outcome, sent.settled.counts
         counts.batches += 1
         counts.crm_calls += outcome.attempts
         counts.succeeded += b.succeeded
@@ -531,25 +598,14 @@ class Runner:
         counts.blocking += len(settled.blocking)
         self.rejected += settled.rejected[:REJECTED_SAMPLE - len(self.rejected)]
         for external_id, code in settled.blocking:
-            self._event("blocking_failure", context, level=logging.ERROR, batch_id=batch_id, error_code=code,
+            self._event("blocking_failure", context, level=logging.ERROR, batch_id=sent.batch_id, error_code=code,
                         external_id_hash=redact_id(external_id))
-        self._event("batch_committed", context, batch_id=batch_id, batch_size=len(batch), succeeded=b.succeeded,
+        self._event("batch_committed", context, batch_id=sent.batch_id, batch_size=sent.size, succeeded=b.succeeded,
                     retryable_failed=b.retryable_failed, permanently_failed=b.permanently_failed,
-                    http_status=outcome.http_status, crm_attempts=outcome.attempts, crm_ms=round(crm_seconds * 1000),
-                    ledger_ms=round(ledger_seconds * 1000, 2), error_codes=settled.codes,
-                    batch_error=outcome.batch_error, crm_api_usage=self._usage_text())
-        codes = settled.codes
-        yield Progress(f"batch {number}/{max(total_batches, number)}: {b.succeeded} ok, "
-                       f"{b.retryable_failed + b.permanently_failed} rejected"
-                       + (f" ({', '.join(f'{k} x{v}' for k, v in sorted(codes.items()))})" if codes else ""))
-        # The batch's evidence is committed; now the run stops if the CRM said it must.
-        if settled.contradiction:
-            raise RunFailed(f"NexusCRM's answer to batch {number} contradicts the ledger ({settled.contradiction}); "
-                            f"its {len(batch)} rows are left unaccounted (retryable) and the run stopped: check the "
-                            "CRM or the gateway in front of it")
-        if outcome.stop_reason:
-            raise RunFailed(f"batch {number}: {outcome.stop_reason}")
-        return crm_seconds, ledger_seconds
+                    http_status=outcome.http_status, crm_attempts=outcome.attempts,
+                    crm_ms=round(sent.crm_seconds * 1000), ledger_ms=round(done.seconds * 1000, 2),
+                    error_codes=settled.codes, batch_error=outcome.batch_error, crm_api_usage=self._usage_text())
+        return sent
 
     def _read_back(self, crm: NexusCrmClient, batch: list[Pending], outcome: BatchWriteOutcome,
                    counts: _Counts) -> ReadBack | None:
@@ -639,22 +695,41 @@ class Runner:
                     crm_calls=result.crm_calls, error=error)
         return result
 
-    def _heartbeat(self, force: bool = False) -> None:
-        """Renew the lease when a quarter of its TTL has passed (raises LeaseLost)."""
+    def _heartbeat(self, force: bool = False) -> bool:
+        """Renew the lease when a quarter of its TTL has passed (raises LeaseLost); True when renewed."""
         if self.lease is None:
-            return
+            return False
         ttl = timedelta(seconds=self.config.write.lease_ttl_seconds)
         if force or time.monotonic() - self._last_renew > ttl.total_seconds() / 4:
             self.lease = self.ledger.renew_lease(self.lease, ttl)
             self._last_renew = time.monotonic()
+            return True
+        return False
+
+    def _hold_lease(self, number: int) -> None:
+        """After a batch's answer, before batch `number` may be sent: the lease is renewed when
+        due, else its token is checked (a read, nothing to commit), in place of the fencing
+        verdict of the answered batch's commit, which runs while batch `number` is in flight.
+        Raises LeaseLost."""
+        started = time.perf_counter()
+        try:
+            if self.lease is not None and not self._heartbeat() and not leases.is_current(self.ledger.conn,
+                                                                                          self.lease):
+                raise LeaseLost(f"writeback lease {self.lease.name!r} was lost (token {self.lease.token}); stopped "
+                                f"before batch {number}, record state left to the current holder")
+        finally:
+            self._spent(STAGE_LEASE, time.perf_counter() - started)
 
     def _db_now(self) -> datetime:
         return self.ledger.conn.execute("SELECT clock_timestamp()").fetchone()[0]
 
     def _stage(self, stage: str, started: float, metadata: dict | None = None) -> StageDone:
         seconds = time.perf_counter() - started
-        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
+        self._spent(stage, seconds)
         return StageDone(stage, seconds, metadata or {})
+
+    def _spent(self, stage: str, seconds: float) -> None:
+        self.stage_seconds[stage] = self.stage_seconds.get(stage, 0.0) + seconds
 
     def _event(self, event: str, context: JobContext, level: int = logging.INFO, **fields: Any) -> None:
         log_event(self.log, event, level=level, job_name=self.job_name, run_id=context.run_id, **fields)
@@ -664,9 +739,9 @@ class _CheckFailed(RuntimeError):
     """A blocking check failed: the run stops before any write."""
 
 
-class _reader_connection:
-    """A second connection for state reads on the prefetch thread (a psycopg connection
-    is not shared between threads while the main thread commits batches)."""
+class _side_ledger:
+    """The ledger of this execution on a connection of its own, for the prefetch thread's
+    state reads or the commit thread (a psycopg connection is not shared between threads)."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -676,7 +751,7 @@ class _reader_connection:
         info = self.ledger.conn.info
         self.conn = psycopg.Connection.connect(info.dsn, password=info.password, autocommit=True,
                                                options=f"-c search_path={_search_path(self.ledger.conn)} -c timezone=UTC")
-        return Ledger(self.conn, self.ledger.job_name, self.ledger.target_object)
+        return Ledger(self.conn, self.ledger.job_name, self.ledger.target_object, self.ledger.execution_id)
 
     def __exit__(self, *exc: object) -> None:
         if self.conn is not None:

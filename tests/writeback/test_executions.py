@@ -6,6 +6,7 @@ emulator, the simulator)."""
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import psycopg
@@ -17,8 +18,10 @@ from .support import context, crm_factory, job, make_config, seed
 
 
 def killed_after_upsert(state, admin: psycopg.Connection, victim, calls: int):
-    """CRM clients whose upsert number `calls` is answered, then the control-plane session of
-    `victim()` (a runner) is terminated before the batch is recorded."""
+    """CRM clients whose upsert number `calls` is answered, then the control-plane sessions of
+    `victim()` (a runner: its own and its commit thread's) are terminated before the batch is
+    recorded. The batches before it are recorded first (their commits may still be running
+    while this upsert is sent)."""
     sent = [0]
 
     def factory(loaded):
@@ -26,16 +29,29 @@ def killed_after_upsert(state, admin: psycopg.Connection, victim, calls: int):
         upsert = client.upsert_batch
 
         def upsert_batch(*args, **kwargs):
-            outcome = upsert(*args, **kwargs)
             sent[0] += 1
             if sent[0] == calls:
-                admin.execute("SELECT pg_terminate_backend(%s)", (victim().ledger.conn.info.backend_pid,))
+                _wait_for_batches(admin, victim(), calls - 1)
+            outcome = upsert(*args, **kwargs)
+            if sent[0] == calls:
+                for ledger in (victim().ledger, victim().ledger_writer):
+                    admin.execute("SELECT pg_terminate_backend(%s)", (ledger.conn.info.backend_pid,))
             return outcome
 
         client.upsert_batch = upsert_batch
         return client
 
     return factory
+
+
+def _wait_for_batches(admin: psycopg.Connection, runner, batches: int) -> None:
+    for _ in range(500):
+        row = admin.execute("SELECT batches FROM outbound_runs WHERE execution_id = %s",
+                            (runner.execution_id,)).fetchone()
+        if row and row[0] >= batches:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{batches} batches were never recorded")
 
 
 def test_an_execution_whose_session_died_is_abandoned_and_its_unrecorded_rows_are_sent_again(

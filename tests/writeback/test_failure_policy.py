@@ -263,18 +263,23 @@ def test_source_rows_disappearing_never_delete_crm_records(bq_client, make_runne
     assert len(runner.ledger.record_rows()) == 24
 
 
-def test_ledger_failure_after_a_crm_request_stops_the_run(bq_client, make_runner, sim_state):
+def test_ledger_failure_after_a_crm_request_stops_the_run_after_the_batch_in_flight(bq_client, make_runner,
+                                                                                      sim_state, monkeypatch):
     import psycopg
+
+    from nexus_pipelines.writeback.ledger import Ledger
 
     runner = make_runner(make_config(seed(bq_client), batch_size=10), sim_state, job_name=job())
 
     def broken_commit(*args, **kwargs):
         raise psycopg.OperationalError("server closed the connection unexpectedly")
 
-    runner.ledger.commit_batch = broken_commit
+    monkeypatch.setattr(Ledger, "commit_batch", broken_commit)
     result = runner.run(context())
     assert result.status == "failed" and result.exit_code == 1 and "OperationalError" in result.error_message
-    assert sim_state.calls()["upsert"] == 1  # no next batch after the evidence could not be stored
+    # Batch 1's commit runs while batch 2 is in flight; no batch is sent after it failed.
+    assert sim_state.calls()["upsert"] == 2
+    assert result.succeeded == 0 and result.batches == 0
 
 
 def test_a_canary_for_an_external_id_not_in_the_source_fails_naming_it(bq_client, make_runner, sim_state):
