@@ -65,6 +65,7 @@ def _run_events(runner, run_id: str):
     from nexus_pipelines.writeback.runner import STAGE_VALIDATION, Progress, StageDone
 
     events = list(runner.execute(context(run_id)))
+    assert isinstance(events[-1], JobResult)
     validation = next(e for e in events if isinstance(e, StageDone) and e.stage == STAGE_VALIDATION)
     return (events[-1], validation.metadata["read_with"], [e.message for e in events if isinstance(e, Progress)])
 
