@@ -50,6 +50,16 @@ def _tickets(conn, registration):
         (registration.tenant, registration.key)).fetchall()
 
 
+def _routed(pool, key: str, issues: int):
+    """A GitLab registration with `issues` issues, polled and routed: its work items wait to be drained."""
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key=key)
+    plant.activate(registration)
+    plant.world.add_issues(issues)
+    plant.poll([registration])
+    plant.route()
+    return plant, registration
+
 def test_a_lost_item_in_a_batch_writes_nothing_and_the_others_commit(pool):
     plant = Plant(GitLabWorld(), pool)
     registration, _, items = _claimed(plant, "batch-lost", 3)
@@ -69,12 +79,7 @@ def test_a_lost_item_in_a_batch_writes_nothing_and_the_others_commit(pool):
 
 
 def test_a_batch_drained_with_one_item_lost_reports_it_lost_and_completes_the_others(pool):
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key="batch-drain-lost")
-    plant.activate(registration)
-    plant.world.add_issues(5)
-    plant.poll([registration])
-    plant.route()
+    plant, registration = _routed(pool, "batch-drain-lost", issues=5)
     handlers = plant.handlers
 
     def losing_one(items):  # the lease of the first item of the batch ends before it is applied
@@ -93,12 +98,7 @@ def test_a_batch_drained_with_one_item_lost_reports_it_lost_and_completes_the_ot
 
 
 def test_a_drained_batch_completes_its_items_in_the_transaction_that_writes_their_tickets(pool):
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key="batch-one-commit")
-    plant.activate(registration)
-    plant.world.add_issues(30)
-    plant.poll([registration])
-    plant.route()
+    plant, registration = _routed(pool, "batch-one-commit", issues=30)
     report = plant.drain([registration.registration_id])
     with pool.connection() as conn:
         writers = conn.execute(
