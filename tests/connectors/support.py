@@ -82,10 +82,10 @@ def expired_claim(conn: Connection, registration: Registration) -> store.PollCla
     return stale
 
 
-def due_gitlab_poll(pool, key: str, issues: int) -> tuple[Plant, Registration]:
-    """A GitLab registration read 4 issues a page, holding `issues` issues, its poll due now."""
+def due_gitlab_poll(pool, key: str, issues: int, page_size: int = 4) -> tuple[Plant, Registration]:
+    """A GitLab registration read `page_size` issues a page, holding `issues` issues, its poll due now."""
     plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key=key, page_size=4)
+    registration = plant.world.registration(key=key, page_size=page_size)
     plant.activate(registration)
     plant.world.add_issues(issues)
     with pool.connection() as conn:

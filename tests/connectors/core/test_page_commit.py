@@ -17,12 +17,8 @@ from tests.workqueue.support import CountingConnection
 
 
 def _statements_for_one_page(pool, key: str, issues: int) -> tuple[int, int]:
-    plant = Plant(GitLabWorld(), pool)
-    registration = plant.world.registration(key=key, page_size=100)
-    plant.activate(registration)
-    plant.world.add_issues(issues)
+    plant, registration = due_gitlab_poll(pool, key, issues, page_size=100)
     with pool.connection() as conn:
-        store.request_poll(conn, [registration.registration_id])
         counting = CountingConnection(conn)
         report = poll(counting, REGISTRY, plant.composer, owner="poller", executor=executor(),
                       registration_ids=[registration.registration_id], max_ticks=1)
