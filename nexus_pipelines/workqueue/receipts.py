@@ -37,7 +37,8 @@ from psycopg.types.json import Jsonb
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
-from nexus_pipelines.workqueue.states import EVENT_PATH, WORK_ITEM_PATH
+from nexus_pipelines.workqueue.claims import WALK_MAX
+from nexus_pipelines.workqueue.states import CLAIMABLE, EVENT_PATH, WORK_ITEM_PATH, sql_in
 
 BODY_SNAPSHOT_LIMIT = 256 * 1024
 
@@ -374,24 +375,48 @@ def _owners(conn: Connection, generations: set[tuple[str, int]]) -> dict[tuple[s
     return {g: found.get(g, WORK_ITEM_PATH) for g in generations}
 
 
-_INSERT_WORK = """
+_WORK_ROWS = """
+WITH d AS (
+    SELECT * FROM unnest(%(events)s::bigint[], %(regs)s::text[], %(revs)s::int[], %(types)s::text[],
+                         %(classes)s::text[], %(max)s::int[], %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
+           WITH ORDINALITY AS d(event_id, registration_id, revision, work_type, queue_class, max_attempts, priority,
+                                source_lane, target_lane, ord)
+){backlog}
 INSERT INTO {table} (event_id, registration_id, revision, work_type, queue_class, max_attempts,
-                     source_lane_key, target_lane_key{priority})
+                     source_lane_key, target_lane_key{columns})
 SELECT d.event_id, d.registration_id, d.revision, d.work_type, d.queue_class, d.max_attempts,
-       d.source_lane, d.target_lane{priority_value}
-  FROM unnest(%(events)s::bigint[], %(regs)s::text[], %(revs)s::int[], %(types)s::text[], %(classes)s::text[],
-              %(max)s::int[], %(prio)s::smallint[], %(src)s::text[], %(tgt)s::text[])
-       WITH ORDINALITY AS d(event_id, registration_id, revision, work_type, queue_class, max_attempts, priority,
-                            source_lane, target_lane, ord)
+       d.source_lane, d.target_lane{values}
+  FROM d{join}
  WHERE NOT EXISTS (SELECT 1 FROM {other} o WHERE o.event_id = d.event_id AND o.work_type = d.work_type)
  ORDER BY d.ord
 ON CONFLICT (event_id, work_type) DO NOTHING
 """
-_INSERT_WORK_ITEMS = _INSERT_WORK.format(
-    table="connector_work_items", other="event_executions", priority=", priority", priority_value=", d.priority"
+
+# A target lane's claimable items beyond the first WALK_MAX unparked ones (those queued, then
+# the batch's in order) are inserted parked: more than a claim's walk visits, they would fill
+# walks at the front of the claim order, and the claims would park them anyway, each with an
+# update and its index entries (see "Parking" in claims.py). Concurrent enqueues may each
+# count the same queued ones and leave more unparked: the claims park those as before.
+_INSERT_WORK_ITEMS = _WORK_ROWS.format(
+    table="connector_work_items", other="event_executions",
+    backlog=f""",
+backlog AS (
+    SELECT l.registration_id, l.target_lane,
+           (SELECT count(*) FROM (
+               SELECT 1 FROM connector_work_items e
+                WHERE e.registration_id = l.registration_id AND e.target_lane_key = l.target_lane
+                  AND e.target_lane_key IS NOT NULL AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked
+                LIMIT {WALK_MAX}) queued) AS unparked
+      FROM (SELECT DISTINCT registration_id, target_lane FROM d WHERE target_lane IS NOT NULL) l
+)""",
+    columns=", priority, parked",
+    values=f""", d.priority,
+       coalesce(b.unparked + count(*) OVER (PARTITION BY d.registration_id, d.target_lane ORDER BY d.ord) > {WALK_MAX},
+                false)""",
+    join="\n  LEFT JOIN backlog b ON b.registration_id = d.registration_id AND b.target_lane = d.target_lane",
 )
-_INSERT_EXECUTIONS = _INSERT_WORK.format(
-    table="event_executions", other="connector_work_items", priority="", priority_value=""
+_INSERT_EXECUTIONS = _WORK_ROWS.format(
+    table="event_executions", other="connector_work_items", backlog="", columns="", values="", join="",
 )
 
 # One JSON document for the batch's events, for the reason `_ADMIT_MANY` gives: each payload

@@ -504,3 +504,35 @@ def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE statement LIKE '%%walk AS%%'").fetchone()
     assert custom <= 5 and generic >= 5, (generic, custom)
+
+
+def _parked_count(conn, reg) -> int:
+    (parked,) = conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s AND parked",
+                             (reg,)).fetchone()
+    return parked
+
+
+def test_a_target_lanes_backlog_beyond_one_walk_is_enqueued_parked(control_conn, reg):
+    """A lane's claimable items beyond what one claim's walk visits are written parked at
+    enqueue (counting the unparked ones already queued), so a hot lane's backlog is not
+    rewritten by the claims that would park it; lanes within the bound stay in the walk."""
+    bound = claims.WALK_MAX
+    hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(bound + 30)]
+    calm = [NewWork(f"calm{i}-{reg}", "t", source_lane_key=f"c{i}", target_lane_key="calm") for i in range(bound)]
+    enqueue(control_conn, reg, hot[:bound - 10] + calm)
+    assert _parked_count(control_conn, reg) == 0
+    enqueue(control_conn, reg, hot[bound - 10:] + [NewWork(f"free{i}-{reg}", "t") for i in range(5)])
+    parked = [w for (w,) in control_conn.execute(
+        "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND parked ORDER BY work_id", (reg,))]
+    hot_ids = [w for (w,) in control_conn.execute(
+        "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND target_lane_key = 'hot'"
+        " ORDER BY work_id", (reg,))]
+    assert parked == hot_ids[bound:]
+    (first,) = [i for i in claim(control_conn, reg, 10) if i.target_lane_key == "hot"]
+    ran = [first]
+    while len(ran) < bound + 30:  # the lane still runs every item, in order, one at a time
+        claims.complete(control_conn, [ran[-1].fence])
+        got = [i for i in claim(control_conn, reg, 10) if i.target_lane_key == "hot"]
+        assert len(got) == 1
+        ran += got
+    assert [i.work_id for i in ran] == hot_ids
