@@ -225,7 +225,8 @@ class Runner:
         self.log = log or logger
         self.warehouse = WarehouseTimer()
         self.stage_seconds: dict[str, float] = {}
-        self.ledger_commit_ms: list[float] = []
+        self.ledger_commit_ms: list[float] = []  # each batch commit's time on the commit thread
+        self.ledger_commit_db_ms: list[float] = []  # and its statement's own time on the database clock
         self.lease: Lease | None = None
         self._last_renew = 0.0
         self.table_id: str | None = None
@@ -580,9 +581,10 @@ class Runner:
         finally:
             self._spent(STAGE_LEDGER_WAIT, time.perf_counter() - started)
         if done is not None:
-            self.lease = done.result
+            self.lease = done.result.lease
             self._last_renew = done.started
             self.ledger_commit_ms.append(done.seconds * 1000)
+            self.ledger_commit_db_ms.append(done.result.db_seconds * 1000)
             self._spent(STAGE_LEDGER, done.seconds)
         return done
 
@@ -604,6 +606,7 @@ class Runner:
                     retryable_failed=b.retryable_failed, permanently_failed=b.permanently_failed,
                     http_status=outcome.http_status, crm_attempts=outcome.attempts,
                     crm_ms=round(sent.crm_seconds * 1000), ledger_ms=round(done.seconds * 1000, 2),
+                    ledger_db_ms=round(done.result.db_seconds * 1000, 2),
                     error_codes=settled.codes, batch_error=outcome.batch_error, crm_api_usage=self._usage_text())
         return sent
 
