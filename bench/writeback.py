@@ -17,7 +17,8 @@ included); the load average at the start and the end says how busy the machine w
 The first run's control-plane cost is reported per batch commit (the run's totals over
 its batches, so the few writes outside the batches count too): WAL bytes (from
 pg_current_wal_lsn() around the run), WAL records and full-page images (pg_stat_wal),
-WAL writes and fsyncs (pg_stat_io) and committed transactions of the bench's database
+WAL writes and fsyncs and their times in ms (pg_stat_io; the bench's own server has
+track_wal_io_timing on) and committed transactions of the bench's database
 (pg_stat_database; read-only ones count too, such as the lease check before each batch).
 They cover the whole server, so with NEXUS_PG_DSN another client's
 writes count too; `pg_data_dir` says where the bench put its database (removed, with the
@@ -115,10 +116,15 @@ _WAL_COUNTERS = """
 SELECT pg_current_wal_lsn()::text, w.wal_records, w.wal_fpi,
        (SELECT coalesce(sum(writes), 0) FROM pg_stat_io WHERE object = 'wal'),
        (SELECT coalesce(sum(fsyncs), 0) FROM pg_stat_io WHERE object = 'wal'),
+       (SELECT coalesce(sum(write_time), 0) FROM pg_stat_io WHERE object = 'wal'),
+       (SELECT coalesce(sum(fsync_time), 0) FROM pg_stat_io WHERE object = 'wal'),
        (SELECT xact_commit FROM pg_stat_database WHERE datname = current_database())
   FROM pg_stat_wal w
 """
-_WAL_KEYS = ("wal_bytes", "wal_records", "wal_fpi", "wal_writes", "wal_fsyncs", "commits")
+# the WAL write and fsync times (ms) count only while track_wal_io_timing is on, as the bench's
+# own server has it; a NEXUS_PG_DSN server without it reports 0
+_WAL_KEYS = ("wal_bytes", "wal_records", "wal_fpi", "wal_writes", "wal_fsyncs", "wal_write_ms", "wal_fsync_ms",
+             "commits")
 
 
 def _wal_counters(dsn: str) -> dict:
@@ -168,7 +174,7 @@ def main() -> int:
     from nexus_pipelines.control.db import connect
     from nexus_pipelines.control.migrations import apply_migrations
     from nexus_pipelines.integrations.bigquery import make_bigquery_client
-    from nexus_pipelines.local.postgres import EmbeddedPostgres, ensure_database, with_database
+    from nexus_pipelines.local.postgres import DURABLE_SETTINGS, EmbeddedPostgres, ensure_database, with_database
     from nexus_pipelines.settings import PROJECT_ROOT
     from nexus_pipelines.writeback.config import parse_config
     from nexus_pipelines.writeback.contract import JobContext
@@ -186,7 +192,8 @@ def main() -> int:
     if os.environ.get("NEXUS_PG_DSN"):
         admin = os.environ["NEXUS_PG_DSN"]
     else:
-        postgres = EmbeddedPostgres(work / "pg")  # durable settings: commits wait for the WAL flush
+        # durable settings (commits wait for the WAL flush), with the flush's writes and fsyncs timed
+        postgres = EmbeddedPostgres(work / "pg", settings={**DURABLE_SETTINGS, "track_wal_io_timing": "on"})
         admin = postgres.start().dsn()
     dbname = f"wb_bench_{uuid.uuid4().hex[:8]}"
     ensure_database(admin, dbname)
