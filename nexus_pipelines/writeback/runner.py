@@ -49,6 +49,7 @@ from nexus_pipelines.writeback.commits import Committed, Committer
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
+from nexus_pipelines.writeback.heap import heap_before_frozen
 from nexus_pipelines.writeback.ledger import LeaseClaim, LeaseHolder, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
@@ -246,6 +247,10 @@ class Runner:
         return result
 
     def execute(self, context: JobContext) -> Iterator[Event]:
+        with heap_before_frozen():  # no full collection rescans the process's heap during the run
+            yield from self._execute(context)
+
+    def _execute(self, context: JobContext) -> Iterator[Event]:
         counts = _Counts()
         options = {"external_ids": len(context.external_ids), "retry_failed": context.retry_failed,
                    "force": context.force, "dry_run": context.dry_run}
