@@ -246,7 +246,10 @@ WITH lease AS (
     RETURNING 1
 )
 SELECT (SELECT ok FROM fence), (SELECT expires_at FROM lease),
-       (SELECT coalesce(sum(n), 0) FROM attempts), (SELECT count(*) FROM inserted) + (SELECT count(*) FROM updated)
+       (SELECT coalesce(sum(n), 0) FROM attempts), (SELECT count(*) FROM inserted) + (SELECT count(*) FROM updated),
+       (SELECT count(*) FROM run),
+       -- last, once every write above is done: the statement's own time on the database clock
+       extract(epoch FROM clock_timestamp() - statement_timestamp())
 """
 
 _FINISH_RUN = """
@@ -257,6 +260,17 @@ UPDATE outbound_runs
        batches = %(batches)s, crm_calls = %(calls)s, crm_api_usage = COALESCE(%(usage)s, crm_api_usage)
  WHERE job_name = %(job)s AND run_id = %(run)s AND execution_id = %(execution)s AND status = 'running'
 """
+
+
+@dataclass(frozen=True)
+class BatchCommitted:
+    """What a batch commit returns: the renewed lease (None for an unfenced batch) and the
+    statement's own time on the database clock, from its start to its last write (the
+    flush of its commit and the trips to and from the server not included), so a slow
+    commit can be told apart from a slow host."""
+
+    lease: Lease | None
+    db_seconds: float
 
 
 class Ledger:
@@ -382,9 +396,10 @@ class Ledger:
 
     def commit_batch(self, run_id: str, batch_id: str, lease: Lease | None, lease_ttl: timedelta,
                      outcomes: Sequence[AttemptOutcome], counts: BatchCounts,
-                     api_usage: str | None = None) -> Lease | None:
-        """Persist one API batch atomically, in one statement; returns the renewed lease.
-        Raises LeaseLost (with the attempt evidence committed) when the fencing token is stale."""
+                     api_usage: str | None = None) -> BatchCommitted:
+        """Persist one API batch atomically, in one statement; returns the renewed lease and the
+        statement's time. Raises LeaseLost (with the attempt evidence committed) when the
+        fencing token is stale."""
         o = outcomes
         params = {
             "job": self.job_name, "object": self.target_object, "run": run_id, "batch": batch_id,
@@ -400,15 +415,16 @@ class Ledger:
             "ok": counts.succeeded, "retry_n": counts.retryable_failed, "perm": counts.permanently_failed,
             "calls": counts.crm_calls,
         }
-        fenced_ok, expires_at, _, _ = self.conn.execute(_COMMIT_BATCH, params, prepare=True).fetchone()
+        fenced_ok, expires_at, _, _, _, db_seconds = self.conn.execute(_COMMIT_BATCH, params, prepare=True).fetchone()
         if lease is None:
-            return None
+            return BatchCommitted(None, float(db_seconds))
         if not fenced_ok:
             raise LeaseLost(
                 f"writeback lease {lease.name!r} was lost (token {lease.token}); batch {batch_id} evidence kept, "
                 "record state left to the current holder"
             )
-        return Lease(lease.name, lease.owner_id, lease.token, lease.acquired_at, expires_at)
+        return BatchCommitted(Lease(lease.name, lease.owner_id, lease.token, lease.acquired_at, expires_at),
+                              float(db_seconds))
 
     def record_rows(self, external_ids: Iterable[str] | None = None) -> list[dict]:
         query = "SELECT * FROM outbound_records WHERE job_name = %s AND target_object = %s"

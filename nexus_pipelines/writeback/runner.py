@@ -49,6 +49,7 @@ from nexus_pipelines.writeback.commits import Committed, Committer
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
+from nexus_pipelines.writeback.heap import heap_before_frozen
 from nexus_pipelines.writeback.ledger import LeaseClaim, LeaseHolder, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError
@@ -225,7 +226,8 @@ class Runner:
         self.log = log or logger
         self.warehouse = WarehouseTimer()
         self.stage_seconds: dict[str, float] = {}
-        self.ledger_commit_ms: list[float] = []
+        self.ledger_commit_ms: list[float] = []  # each batch commit's time on the commit thread
+        self.ledger_commit_db_ms: list[float] = []  # and its statement's own time on the database clock
         self.lease: Lease | None = None
         self._last_renew = 0.0
         self.table_id: str | None = None
@@ -245,6 +247,10 @@ class Runner:
         return result
 
     def execute(self, context: JobContext) -> Iterator[Event]:
+        with heap_before_frozen():  # no full collection rescans the process's heap during the run
+            yield from self._execute(context)
+
+    def _execute(self, context: JobContext) -> Iterator[Event]:
         counts = _Counts()
         options = {"external_ids": len(context.external_ids), "retry_failed": context.retry_failed,
                    "force": context.force, "dry_run": context.dry_run}
@@ -580,9 +586,10 @@ class Runner:
         finally:
             self._spent(STAGE_LEDGER_WAIT, time.perf_counter() - started)
         if done is not None:
-            self.lease = done.result
+            self.lease = done.result.lease
             self._last_renew = done.started
             self.ledger_commit_ms.append(done.seconds * 1000)
+            self.ledger_commit_db_ms.append(done.result.db_seconds * 1000)
             self._spent(STAGE_LEDGER, done.seconds)
         return done
 
@@ -604,6 +611,7 @@ class Runner:
                     retryable_failed=b.retryable_failed, permanently_failed=b.permanently_failed,
                     http_status=outcome.http_status, crm_attempts=outcome.attempts,
                     crm_ms=round(sent.crm_seconds * 1000), ledger_ms=round(done.seconds * 1000, 2),
+                    ledger_db_ms=round(done.result.db_seconds * 1000, 2),
                     error_codes=settled.codes, batch_error=outcome.batch_error, crm_api_usage=self._usage_text())
         return sent
 

@@ -52,7 +52,7 @@ def test_batch_commit_writes_attempts_and_states_in_one_transaction(ledger, cont
     ledger.start_run("r1", dry_run=False, options={}, lease_token=lease.token)
     outs = [outcome("a"), outcome("b", status="retryable_failed", code="UNABLE_TO_LOCK_ROW", delay=30.0),
             outcome("c", status="permanent_failed", code="FIELD_CUSTOM_VALIDATION_EXCEPTION")]
-    renewed = ledger.commit_batch("r1", "r1:000001", lease, TTL, outs, BatchCounts(1, 1, 1, 1))
+    renewed = ledger.commit_batch("r1", "r1:000001", lease, TTL, outs, BatchCounts(1, 1, 1, 1)).lease
     assert renewed.expires_at >= lease.expires_at
     states = ledger.read_states(["a", "b", "c", "zz"])
     assert set(states) == {"a", "b", "c"}
@@ -66,6 +66,23 @@ def test_batch_commit_writes_attempts_and_states_in_one_transaction(ledger, cont
     # one row per attempt, never a payload column
     assert control_conn.execute("SELECT count(*) FROM outbound_record_attempts WHERE job_name = %s",
                                 (ledger.job_name,)).fetchone()[0] == 3
+
+
+def test_a_batch_commit_reports_its_statement_time_on_the_database_clock(ledger, control_conn):
+    """The time is measured inside the statement: one made slow in the server (a trigger that
+    sleeps 0.3 s on the attempts insert) reports at least the sleep."""
+    quick = ledger.commit_batch("r1", "b1", None, TTL, [outcome("a")], BatchCounts(1)).db_seconds
+    control_conn.execute("CREATE FUNCTION slow_attempts() RETURNS trigger LANGUAGE plpgsql "
+                         "AS $$ BEGIN PERFORM pg_sleep(0.3); RETURN NEW; END $$")
+    control_conn.execute("CREATE TRIGGER slow_attempts BEFORE INSERT ON outbound_attempt_batches "
+                         "FOR EACH ROW EXECUTE FUNCTION slow_attempts()")
+    try:
+        slow = ledger.commit_batch("r1", "b2", None, TTL, [outcome("b")], BatchCounts(1)).db_seconds
+    finally:
+        control_conn.execute("DROP TRIGGER slow_attempts ON outbound_attempt_batches")
+        control_conn.execute("DROP FUNCTION slow_attempts()")
+    assert slow >= 0.3
+    assert quick >= 0
 
 
 def test_success_keeps_last_success_and_crm_id_through_later_failures(ledger):
@@ -205,7 +222,7 @@ def test_a_batch_commit_inserts_new_records_plainly_and_its_attempts_as_one_batc
     lease = ledger.acquire_lease("r1", TTL)
     ledger.start_run("r1", dry_run=False, options={}, lease_token=lease.token)
     lease = ledger.commit_batch("r1", "b1", lease, TTL, [outcome(f"k{i}", crm=f"a0M{i}") for i in range(10)],
-                                BatchCounts(10))
+                                BatchCounts(10)).lease
     start = control_conn.execute("SELECT pg_current_wal_insert_lsn()").fetchone()[0]
     known = [outcome(f"k{i}", h="h2", crm=None, status="retryable_failed", code="TIMEOUT", attempt=2, delay=5)
              for i in range(10)]
