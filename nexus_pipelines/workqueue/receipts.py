@@ -183,8 +183,9 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
+    strings = _Strings()
     return [row[0] for row in send_page(conn, _document([_row(_shared(r), r.delivery_id, r.received_at,
-                                                                 r.correlation, r.canonical_body)
+                                                                 r.correlation, r.canonical_body, strings)
                                                             for r in receipts]))]
 
 
@@ -228,8 +229,8 @@ def page_document(source: ReceiptSource, deliveries: Sequence[Delivery]) -> str 
         check_snapshot(d.canonical_body)
     if not deliveries:
         return None
-    shared = _shared(source)
-    return _document([_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body)
+    shared, strings = _shared(source), _Strings()
+    return _document([_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body, strings)
                       for d in deliveries])
 
 
@@ -246,10 +247,21 @@ def _shared(r: ReceiptIn | ReceiptSource) -> str:
                        "max_attempts": r.max_routing_attempts})[:-1]
 
 
-def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str) -> str:
+class _Strings(dict):
+    """The JSON of each distinct string of a document's rows, encoded once: the correlation's
+    keys, and what a page's deliveries share there (their revision), come again on every row."""
+
+    def __missing__(self, text: str) -> str:
+        self[text] = encoded = json.encoder.encode_basestring_ascii(text)  # what json.dumps makes of a str
+        return encoded
+
+
+def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str,
+         strings: _Strings) -> str:
     """One row of the admit document; the body's canonical form is spliced in as it is (and hashed)."""
-    return (f'{shared},"delivery_id":{json.dumps(delivery_id)},"received_at":"{received_at.isoformat()}",'
-            f'"correlation":{json.dumps(correlation)},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
+    fields = ",".join(f"{strings[key]}:{strings[value]}" for key, value in correlation.items())
+    return (f'{shared},"delivery_id":{strings[delivery_id]},"received_at":"{received_at.isoformat()}",'
+            f'"correlation":{{{fields}}},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
 
 
 def _document(rows: list[str]) -> str:
