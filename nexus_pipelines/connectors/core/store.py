@@ -23,8 +23,8 @@ from psycopg.types.json import Jsonb
 
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
-from nexus_pipelines.redaction import one_line
 from nexus_pipelines.connectors.provider_gate import GateReading, send_reading
+from nexus_pipelines.redaction import one_line
 from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, admit_page, page_document, send_page
 
 POLL_NAMESPACE = "issue-poll"
