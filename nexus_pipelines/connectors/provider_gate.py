@@ -9,6 +9,10 @@ remaining wait. After any answer the gate reads the one rate-limit rule
 (`rate_limits.stated_wait`) and holds the key until the stated time. The database clock
 decides: a wait is stored as `now() + seconds` and compared with `now()`.
 
+A page commit's flight also reads every gate's hold in one of its statements (`send_reading`),
+and the next page, read ahead while that commit is in the air, is admitted by that reading
+(`admitted_by`) instead of a read of its own: a hold written before the reading stops it.
+
 A provider with a proactive budget (GitHub: 80 content-creating requests a minute and 500
 an hour) also counts the requests that spend it, as its adapter classifies them by endpoint
 (`RequestBudget.counts`; the gate never guesses from the method): their times within the
@@ -18,12 +22,15 @@ until the oldest of that window is a window (and a second's slack) old.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
+from psycopg import Connection, Cursor
 from psycopg_pool import ConnectionPool
 
 from nexus_pipelines.connectors.rate_limits import stated_wait
@@ -93,6 +100,48 @@ class Held:
         return f"{self.key} is held until {self.until.astimezone(UTC):%Y-%m-%dT%H:%M:%SZ} ({self.said})"
 
 
+@dataclass(frozen=True)
+class GateReading:
+    """Every gate's hold as one statement read them: for each key, what an unbudgeted
+    admission would have been told at that moment."""
+
+    holds: Mapping[str, Held]
+
+    @classmethod
+    def of(cls, rows: Iterable[tuple]) -> GateReading:
+        """The reading of `send_reading`'s rows."""
+        return cls({key: held for key, *row in rows if (held := _held(key, *row)) is not None})
+
+    def held(self, key: str) -> Held | None:
+        return self.holds.get(key)
+
+
+# the gates that hold: a key without a row here is open at the statement's now()
+_READ_ALL = "SELECT gate_key, now(), held_until, held_by FROM provider_gates WHERE held_until > now()"
+
+
+def send_reading(conn: Connection) -> Cursor:
+    """Every gate's hold, asked in one statement on `conn` (in a pipeline: answered with its
+    flight); `GateReading.of` its rows."""
+    return conn.execute(_READ_ALL)
+
+
+# the reading the next unbudgeted admission of this context takes instead of reading its gate
+_READING: ContextVar[GateReading | None] = ContextVar("provider_gate_reading", default=None)
+
+
+@contextmanager
+def admitted_by(reading: GateReading) -> Iterator[None]:
+    """Within it, the first unbudgeted admission is answered by `reading` (read when the request's
+    work began) instead of a read of its own; every later one, such as a retry after an answer
+    that held the gate, reads its gate again."""
+    token = _READING.set(reading)
+    try:
+        yield
+    finally:
+        _READING.reset(token)
+
+
 _ENSURE = "INSERT INTO provider_gates (gate_key) VALUES (%s) ON CONFLICT DO NOTHING"
 _READ = "SELECT now(), held_until, held_by FROM provider_gates WHERE gate_key = %s"
 _LOCK = "SELECT now(), held_until, held_by, recent_writes FROM provider_gates WHERE gate_key = %s FOR UPDATE"
@@ -118,11 +167,14 @@ class ProviderGates:
 
     def admit(self, policy: GatePolicy, *, spends: bool) -> Held | None:
         """None when a request may go out now (one that `spends` the budget is counted), else why not."""
+        budget = policy.budget
+        if not (spends and budget):
+            reading = _READING.get()
+            if reading is None:
+                return self.held(policy.key)
+            _READING.set(None)  # it answers one admission: the next may follow an answer that held the gate
+            return reading.held(policy.key)
         with self._pool.connection() as conn:
-            budget = policy.budget
-            if not (spends and budget):
-                row = conn.execute(_READ, (policy.key,)).fetchone()
-                return _held(policy.key, *row) if row else None
             with conn.transaction():
                 conn.execute(_ENSURE, (policy.key,))
                 now, until, said, recent = conn.execute(_LOCK, (policy.key,)).fetchone()

@@ -184,8 +184,10 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
         return []
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
-    return [row[0] for row in _send_rows(conn, [_row(_shared(r), r.delivery_id, r.received_at, r.correlation,
-                                                      r.canonical_body) for r in receipts])]
+    strings = _Strings()
+    return [row[0] for row in send_page(conn, _document([_row(_shared(r), r.delivery_id, r.received_at,
+                                                                 r.correlation, r.canonical_body, strings)
+                                                            for r in receipts]))]
 
 
 class ReceiptSource(BaseModel):
@@ -215,22 +217,28 @@ class Delivery:
 def admit_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> list[str]:
     """`admit_receipts` for deliveries of one source: their shared fields are validated and
     serialized once, and each body arrives serialized (a page builds no model per delivery)."""
-    sent = send_page(conn, source, deliveries)
+    sent = send_page(conn, page_document(source, deliveries))
     return [row[0] for row in sent] if sent is not None else []
 
 
-def send_page(conn: Connection, source: ReceiptSource, deliveries: Sequence[Delivery]) -> Cursor | None:
-    """`admit_page`'s statement, sent: the new delivery ids are read from the cursor it returns
-    (None for no deliveries), in a pipeline once its flight is answered."""
+def page_document(source: ReceiptSource, deliveries: Sequence[Delivery]) -> str | None:
+    """`admit_page`'s rows as the one JSON document its statement takes (None for no deliveries),
+    built apart from the sending: a flight builds it while a statement sent before is answered."""
     for d in deliveries:
         if not d.delivery_id:
             raise ValueError("a delivery needs a delivery id")
         check_snapshot(d.canonical_body)
     if not deliveries:
         return None
-    shared = _shared(source)
-    return _send_rows(conn, [_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body)
-                             for d in deliveries])
+    shared, strings = _shared(source), _Strings()
+    return _document([_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body, strings)
+                      for d in deliveries])
+
+
+def send_page(conn: Connection, document: str | None) -> Cursor | None:
+    """`admit_page`'s statement for a `page_document`, sent: the new delivery ids are read from the
+    cursor it returns (None for no document), in a pipeline once its flight is answered."""
+    return conn.execute(_ADMIT_MANY, {"rows": document}) if document is not None else None
 
 
 def _shared(r: ReceiptIn | ReceiptSource) -> str:
@@ -240,14 +248,25 @@ def _shared(r: ReceiptIn | ReceiptSource) -> str:
                        "max_attempts": r.max_routing_attempts})[:-1]
 
 
-def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str) -> str:
+class _Strings(dict):
+    """The JSON of each distinct string of a document's rows, encoded once: the correlation's
+    keys, and what a page's deliveries share there (their revision), come again on every row."""
+
+    def __missing__(self, text: str) -> str:
+        self[text] = encoded = json.encoder.encode_basestring_ascii(text)  # what json.dumps makes of a str
+        return encoded
+
+
+def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str,
+         strings: _Strings) -> str:
     """One row of the admit document; the body's canonical form is spliced in as it is (and hashed)."""
-    return (f'{shared},"delivery_id":{json.dumps(delivery_id)},"received_at":"{received_at.isoformat()}",'
-            f'"correlation":{json.dumps(correlation)},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
+    fields = ",".join(f"{strings[key]}:{strings[value]}" for key, value in correlation.items())
+    return (f'{shared},"delivery_id":{strings[delivery_id]},"received_at":"{received_at.isoformat()}",'
+            f'"correlation":{{{fields}}},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
 
 
-def _send_rows(conn: Connection, rows: list[str]) -> Cursor:
-    return conn.execute(_ADMIT_MANY, {"rows": "[" + ",".join(rows) + "]"})
+def _document(rows: list[str]) -> str:
+    return "[" + ",".join(rows) + "]"
 
 
 # --- materialization specs -------------------------------------------------------------

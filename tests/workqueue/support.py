@@ -139,20 +139,31 @@ def restart_postgres(server, down_s: float) -> None:
 
 class CountingConnection:
     """The connection a poll runs on, counting the statements it sends and the transactions it
-    commits (a statement outside a transaction block commits on its own)."""
+    commits (a statement outside a transaction block commits on its own). Inside a block its own
+    BEGIN opened the statements count none: in a pipeline the connection's status is the last the
+    server reported, which says idle again once a result inside the block was read."""
 
     def __init__(self, conn) -> None:
         self._conn = conn
         self.statements = 0
         self.commits = 0
+        self._in_block = False
 
     def _idle(self) -> bool:
         return self._conn.info.transaction_status == TransactionStatus.IDLE
 
-    def execute(self, *args, **kwargs):
+    def execute(self, query, *args, **kwargs):
         self.statements += 1
-        self.commits += self._idle()
-        return self._conn.execute(*args, **kwargs)
+        if query in ("COMMIT", "ROLLBACK"):
+            self._in_block = False
+        elif not self._in_block:
+            self.commits += self._idle()
+            self._in_block = query == "BEGIN"
+        return self._conn.execute(query, *args, **kwargs)
+
+    def rollback(self):
+        self._in_block = False
+        return self._conn.rollback()
 
     def transaction(self, *args, **kwargs):
         self.commits += self._idle()

@@ -259,6 +259,28 @@ def test_a_page_of_deliveries_is_stored_like_receipts_admitted_one_by_one(contro
     assert [r[6] for r in rows[:3]] == bodies and [r[7] for r in rows[:3]] == [payload_hash(b) for b in bodies]
 
 
+def test_a_page_document_encodes_each_string_of_its_rows_once(monkeypatch):
+    import json
+    from collections import Counter
+
+    from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, page_document
+
+    encoded, plain = Counter(), json.encoder.encode_basestring_ascii
+
+    def counted(text: str) -> str:  # how json encodes every string it meets
+        encoded[text] += 1
+        return plain(text)
+
+    monkeypatch.setattr(json.encoder, "encode_basestring_ascii", counted)
+    source = ReceiptSource(registration_id="acme/page", revision=1, namespace="poll", route_key="k", event_kind="v")
+    # the correlation's keys and its revision are the same on every row; the refs carry a quote and non-ASCII
+    page = [Delivery(f"r{i}@t#{i}", NOW, {"external_ref": f'gl:"{i}" ✓', "revision_id": "page@1"}, "{}")
+            for i in range(3)]
+    rows = json.loads(page_document(source, page))
+    assert [(r["delivery_id"], r["correlation"]) for r in rows] == [(d.delivery_id, dict(d.correlation)) for d in page]
+    assert encoded["revision_id"] == encoded["page@1"] == 1 and max(encoded.values()) == 1, encoded.most_common(3)
+
+
 def test_a_page_delivery_is_held_to_the_snapshot_limit_and_needs_an_id(control_conn, reg):
     from nexus_pipelines.workqueue.receipts import BODY_SNAPSHOT_LIMIT, Delivery, ReceiptSource, admit_page
 

@@ -23,8 +23,9 @@ from psycopg.types.json import Jsonb
 
 from nexus_pipelines.connectors.core.registration import Registration, RegistrationError, from_canonical
 from nexus_pipelines.connectors.core.registry import ConnectorRegistry
+from nexus_pipelines.connectors.provider_gate import GateReading, send_reading
 from nexus_pipelines.redaction import one_line
-from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, admit_page, send_page
+from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, admit_page, page_document, send_page
 
 POLL_NAMESPACE = "issue-poll"
 OBSERVE_ROUTE_KEY = "ticket.observe"
@@ -323,7 +324,7 @@ def _advance_params(then_claim: ClaimRequest | None) -> tuple[str, dict]:
 
 def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVersion], *, next_cursor: str,
                 exhausted: bool, then_claim: ClaimRequest | None = None,
-                in_flight: Callable[[], None] | None = None) -> PageCommit:
+                in_flight: Callable[[GateReading], None] | None = None) -> PageCommit:
     """Admit one receipt per issue version and advance the cursor, atomically and fenced.
 
     `admitted_refs` are the external refs whose version was new (an unchanged re-poll admits
@@ -334,7 +335,8 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     autocommit connection outside a transaction: the commit is its own. `in_flight` runs once the
     flight, COMMIT included, is sent and before its answer is read, so its work overlaps the
     server's commit (not at all when a failure already came back while it was sent); it must
-    not raise (the transaction may already be committed).
+    not raise (the transaction may already be committed). It is given the provider gates as a
+    statement of the flight read them, after its BEGIN (`provider_gate.admitted_by`).
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
@@ -347,6 +349,11 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         # COMMIT); the results are read once the flight is answered
         with conn.pipeline():
             conn.execute("BEGIN")
+            gates = _send_gates_read(conn) if in_flight is not None else None
+            document = page_document(_source(claim, POLL_NAMESPACE), deliveries)
+            # answered while the document was built, and read before anything else is sent: what
+            # follows may wait for a lock, the gates' answer never does
+            reading = GateReading.of(gates.fetchall()) if gates is not None else None
             # the fenced cursor update first: it locks the progress row, so it is also the hold
             only, params = _advance_params(then_claim)
             advance = conn.execute(_ADVANCE.format(only=only), {
@@ -354,10 +361,10 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
                 "n": len(versions), "tenant": r.tenant, "key": r.key, "rev": r.revision_id, "token": claim.token,
                 "lost": lost})
             next_claim = _send_claim(conn, then_claim, unless_kept=r) if then_claim is not None else None
-            admitted = send_page(conn, _source(claim, POLL_NAMESPACE), deliveries)
+            admitted = send_page(conn, document)
             conn.execute("COMMIT")
             if in_flight is not None:
-                in_flight()
+                in_flight(reading)
     except BaseException as exc:
         if conn.info.transaction_status != TransactionStatus.IDLE:
             conn.rollback()  # the flight's transaction did not commit: none of it is written
@@ -373,6 +380,15 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         return PageCommit(refs, _claimed(next_claim.fetchone() if next_claim is not None else None, then_claim))
     except UnreadableRevision as unreadable:  # read after the commit: the page stays written
         return PageCommit(refs, unreadable)
+
+
+def _send_gates_read(conn: Connection) -> Cursor:
+    """The provider gates' reading, sent with a flush request: the server answers it at once,
+    not at the flight's Sync."""
+    gates = send_reading(conn)
+    conn.pgconn.send_flush_request()
+    conn.pgconn.flush()
+    return gates
 
 
 def _source(claim: PollClaim, namespace: str) -> ReceiptSource:

@@ -34,6 +34,7 @@ from nexus_pipelines.connectors.core.values import (
     canonical_form,
     digest_of,
 )
+from nexus_pipelines.connectors.provider_gate import GateReading, admitted_by
 from nexus_pipelines.redaction import contains_registered_secret, describe_exception
 from nexus_pipelines.workqueue.receipts import canonical_json, canonical_json_with
 
@@ -181,9 +182,10 @@ def _tick(conn: Connection, claim: NextClaim, request: store.ClaimRequest, compo
     versions = [version(issue) for issue in result.issues]
     ahead: list[ReadAhead] = []
 
-    def read_next() -> None:  # the scan's next request, the same one the next tick would make
+    def read_next(gates: GateReading) -> None:  # the scan's next request, the same one the next tick would make
         following = FetchIssuePage(cursor=result.next_cursor, page_size=registration.page_size)
-        ahead.append(ReadAhead(registration.revision_id, following, _fetch(executor, adapter, following)))
+        with admitted_by(gates):  # the commit's flight read the gates: its first request asks no gate itself
+            ahead.append(ReadAhead(registration.revision_id, following, _fetch(executor, adapter, following)))
 
     # an exhausted scan is not due again at once: its next claim is not this revision
     reads_ahead = claim_next and read_ahead and not result.exhausted

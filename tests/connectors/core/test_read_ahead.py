@@ -5,8 +5,13 @@ ahead of a commit that failed."""
 from contextlib import contextmanager
 
 from nexus_pipelines.connectors.core import tick
+from nexus_pipelines.connectors.core.compose import CachedComposer
+from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.tick import poll
+from nexus_pipelines.connectors.gitlab.adapter import LIMIT_STATUSES
+from nexus_pipelines.connectors.provider_gate import GatePolicy, ProviderGates
 from nexus_pipelines.connectors.registry import REGISTRY
+from nexus_pipelines.local.simulators.http import Fault
 from nexus_pipelines.local.worlds.plant import executor
 from tests.connectors.support import due_gitlab_poll
 
@@ -17,7 +22,7 @@ class _Flights:
 
     def __init__(self, conn) -> None:
         self._conn, self.log, self.fetches = conn, [], []
-        self.before_fetch = lambda: None
+        self.before_fetch = self.after_fetch = lambda: None
 
     def execute(self, query, *args, **kwargs):
         if query == "COMMIT":
@@ -45,7 +50,9 @@ class _LoggedAdapter:
         self._flights.before_fetch()
         self._flights.log.append("fetch")
         self._flights.fetches.append((self._key, request.cursor))
-        return self._adapter.fetch_page(request, attempt)
+        result = self._adapter.fetch_page(request, attempt)
+        self._flights.after_fetch()
+        return result
 
     def __getattr__(self, name):
         return getattr(self._adapter, name)
@@ -140,3 +147,76 @@ def test_a_run_holds_at_most_max_pages_ahead_and_reads_none_ahead_while_that_man
     assert log == ["fetch", "sent", "fetch", "answered", "fetch", "sent", "answered",  # short 1, long 1
                    "sent", "answered", "fetch", "sent", "fetch", "answered",  # short 2 (its last), long 2
                    "sent", "fetch", "answered", "sent", "answered"]  # long 3, long 4 (its last)
+
+
+def _gate_key(registration) -> str:
+    provider = registration.provider
+    return GatePolicy.for_origin(provider.base_url, f"token {provider.token}", LIMIT_STATUSES).key
+
+
+def _once(action):
+    done = []
+
+    def run() -> None:
+        if not done:
+            done.append(action())
+    return run
+
+
+def _walk_held_after_the_first_page(pool, key: str, between_pages) -> tuple:
+    """A walk of three pages where `between_pages` runs once the first page is fetched, before its commit."""
+    plant, registration = due_gitlab_poll(pool, key, issues=10)
+    plant.world.clear_requests()
+    with pool.connection() as conn:
+        flights = _Flights(conn)
+        flights.after_fetch = _once(lambda: between_pages(plant, registration))
+        report = poll(flights, REGISTRY, flights.composer(plant.composer), owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id])
+    return report, plant.world.requests(), flights
+
+
+def test_a_hold_written_between_two_pages_stops_the_read_ahead_request_and_its_tick_reports_the_wait(pool):
+    def hold(plant, registration) -> None:
+        ProviderGates(pool).hold(_gate_key(registration), 120, "HTTP 429 Retry-After 120 s")
+
+    report, requests, flights = _walk_held_after_the_first_page(pool, "read-ahead-held", hold)
+    # the first page commits; the second, read ahead while that commit was in flight, is never sent
+    assert [t.outcome for t in report.ticks] == ["page", "failure"] and report.stopped == "idle"
+    assert len(requests) == 1 and len(flights.fetches) == 2
+    held = report.ticks[1]
+    assert held.failure.startswith("throttled") and "nothing was sent" in held.failure
+    assert 115 <= held.retry_in_s <= 121
+
+
+def test_a_retry_of_a_read_ahead_request_asks_the_gate_again(pool):
+    def limited(plant, registration) -> None:  # the next list request is refused for as long as core waits in request
+        plant.world.state.faults.push("list_issues", Fault(status=429, headers={"Retry-After": "2"}))
+
+    report, requests, _ = _walk_held_after_the_first_page(pool, "read-ahead-retry", limited)
+    # the read-ahead's first attempt met the limit; its retries found the gate holding it and sent nothing
+    assert len(requests) == 2 and report.ticks[1].attempts > 1
+    assert [t.outcome for t in report.ticks] == ["page", "failure"] and "nothing was sent" in report.ticks[1].failure
+
+
+class _CountedPool:
+    """The provider gates' pool, counting the connections the gates take from it."""
+
+    def __init__(self, pool) -> None:
+        self._pool, self.connections = pool, 0
+
+    def connection(self, *args, **kwargs):
+        self.connections += 1
+        return self._pool.connection(*args, **kwargs)
+
+
+def test_a_request_read_ahead_is_admitted_by_its_page_commits_reading_of_the_gates_not_a_round_trip_of_its_own(
+        pool):
+    plant, registration = due_gitlab_poll(pool, "read-ahead-gate-reading", issues=10)
+    gates = _CountedPool(pool)
+    composer = CachedComposer(REGISTRY, ComposeContext(transport=plant.world.transport, gates=ProviderGates(gates)),
+                              environ=plant.world.environ)
+    with pool.connection() as conn:
+        report = poll(conn, REGISTRY, composer, owner="poller", executor=executor(),
+                      registration_ids=[registration.registration_id])
+    assert [t.outcome for t in report.ticks] == ["page"] * 3 and report.totals["admitted"] == 10
+    assert gates.connections == 1  # the first page's own: pages 2 and 3 were read ahead
