@@ -43,6 +43,7 @@ from datetime import timedelta
 from psycopg import Connection
 from psycopg_pool import ConnectionPool
 
+from nexus_pipelines.heap import heap_before_frozen
 from nexus_pipelines.workqueue import claimants, claims
 from nexus_pipelines.workqueue.claims import ClaimedItem
 from nexus_pipelines.workqueue.execution import (
@@ -434,9 +435,11 @@ def drain(
     """
     if claim_batch < 1 or concurrency < 1 or lease_ttl_s <= 0:
         raise ValueError("claim_batch, concurrency and lease_ttl_s must be positive")
-    return Drain(
+    drainer = Drain(
         dsn_or_pool, registry, worker_id=worker_id, queue_classes=queue_classes, registration_ids=registration_ids,
         max_items=max_items, time_budget_s=time_budget_s, claim_batch=claim_batch, concurrency=concurrency,
         lease_ttl_s=lease_ttl_s, retry_policy=retry_policy, idle_exit=idle_exit, poll_interval_s=poll_interval_s,
         stop_event=stop_event, with_payload=with_payload, on_outage=on_outage,
-    ).run()
+    )
+    with heap_before_frozen():  # no full collection rescans the process's heap during the drain
+        return drainer.run()

@@ -35,6 +35,7 @@ from google.cloud.bigquery_storage_v1 import BigQueryReadClient
 
 from nexus_pipelines.control import leases
 from nexus_pipelines.control.leases import Lease, LeaseLost
+from nexus_pipelines.heap import heap_before_frozen
 from nexus_pipelines.integrations.nexuscrm import (
     ApiLimit,
     BatchWriteOutcome,
@@ -49,7 +50,6 @@ from nexus_pipelines.writeback.commits import Committed, Committer
 from nexus_pipelines.writeback.config import ConfigError, LoadedConfig, check_target_url
 from nexus_pipelines.writeback.contract import JobContext, JobResult
 from nexus_pipelines.writeback.hashing import redact_id
-from nexus_pipelines.writeback.heap import heap_before_frozen
 from nexus_pipelines.writeback.ledger import LeaseClaim, LeaseHolder, Ledger, RecordState, prune_attempts
 from nexus_pipelines.writeback.logs import log_event
 from nexus_pipelines.writeback.mapping import Mapper, MappedRecord, MappingError

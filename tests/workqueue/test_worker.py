@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 import threading
 import time
 
@@ -97,6 +98,17 @@ def test_time_budget_stops_claiming(control_conn, control_dsn, reg):
     )
     assert report.stopped == "time_budget" and 0 < report.completed < 50 and report.lost == 0
     assert states(control_conn, reg).get("running", 0) == 0
+
+
+def test_the_heap_that_existed_before_a_drain_is_frozen_while_it_runs_and_thawed_after(control_conn, control_dsn, reg):
+    """A full collection would stop every worker thread while it scans the process's heap."""
+    enqueue(control_conn, reg, items(4, "ok"))
+    frozen: list[int] = []
+    assert gc.get_freeze_count() == 0
+    report = drain(control_dsn, HandlerRegistry({"ok": lambda item: frozen.append(gc.get_freeze_count())}),
+                   registration_ids=[reg], retry_policy=FAST, time_budget_s=30)
+    assert report.completed == 4 and len(frozen) == 4 and min(frozen) > 0
+    assert gc.get_freeze_count() == 0
 
 
 def test_item_reclaimed_and_reclaimed_again_by_the_same_drain_after_a_lost_lease_is_finalized(

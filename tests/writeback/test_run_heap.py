@@ -1,5 +1,5 @@
 """A run keeps the collector's full passes off its path: the heap that existed before it is
-frozen for the run's duration and handed back after (nexus_pipelines/writeback/heap.py)."""
+frozen for the run's duration and handed back after (nexus_pipelines/heap.py)."""
 
 from __future__ import annotations
 

@@ -35,6 +35,7 @@ from nexus_pipelines.connectors.core.values import (
     digest_of,
 )
 from nexus_pipelines.connectors.provider_gate import GateReading, admitted_by
+from nexus_pipelines.heap import heap_before_frozen
 from nexus_pipelines.redaction import contains_registered_secret, describe_exception
 from nexus_pipelines.workqueue.receipts import canonical_json, canonical_json_with
 
@@ -310,35 +311,36 @@ def poll(
     uses it only when it is the same revision at that cursor, so nothing of it is written unless
     that commit succeeded.
     """
-    run = PollRunReport()
-    deadline = time.monotonic() + time_budget_s
-    request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
-    claim, taken = None, False  # taken: the previous page's commit claimed for this tick
-    ahead: dict[str, ReadAhead] = {}  # the pages read ahead, by revision
-    while True:
-        if len(run.ticks) >= max_ticks:
-            run.stopped = "max_ticks"
-            break
-        if time.monotonic() >= deadline:
-            run.stopped = "time_budget"
-            break
-        if not taken:
-            claim = _claim(conn, request)
-        held = ahead.pop(claim.registration.revision_id, None) if isinstance(claim, store.PollClaim) else None
-        fetched = held.page_for(claim) if held is not None else None
-        # the page's commit takes the next tick's claim when the run will go on
-        goes_on = len(run.ticks) + 1 < max_ticks and time.monotonic() < deadline
-        report, claim, read = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on,
-                                    fetched=fetched, read_ahead=len(ahead) < MAX_PAGES_AHEAD)
-        if report is None:
-            run.stopped = "idle"
-            break
-        if read is not None:
-            ahead[read.revision_id] = read
-        taken = goes_on and report.outcome == "page"
-        run.ticks.append(report)
-        if on_tick is not None:
-            on_tick(report)
-    if taken and claim is not None:  # claimed for a tick this run no longer runs
-        store.release(conn, claim)
-    return run
+    with heap_before_frozen():  # no full collection rescans the process's heap during the run
+        run = PollRunReport()
+        deadline = time.monotonic() + time_budget_s
+        request = store.ClaimRequest(registry, owner, lease_ttl, registration_ids)
+        claim, taken = None, False  # taken: the previous page's commit claimed for this tick
+        ahead: dict[str, ReadAhead] = {}  # the pages read ahead, by revision
+        while True:
+            if len(run.ticks) >= max_ticks:
+                run.stopped = "max_ticks"
+                break
+            if time.monotonic() >= deadline:
+                run.stopped = "time_budget"
+                break
+            if not taken:
+                claim = _claim(conn, request)
+            held = ahead.pop(claim.registration.revision_id, None) if isinstance(claim, store.PollClaim) else None
+            fetched = held.page_for(claim) if held is not None else None
+            # the page's commit takes the next tick's claim when the run will go on
+            goes_on = len(run.ticks) + 1 < max_ticks and time.monotonic() < deadline
+            report, claim, read = _tick(conn, claim, request, compose, executor, None, claim_next=goes_on,
+                                        fetched=fetched, read_ahead=len(ahead) < MAX_PAGES_AHEAD)
+            if report is None:
+                run.stopped = "idle"
+                break
+            if read is not None:
+                ahead[read.revision_id] = read
+            taken = goes_on and report.outcome == "page"
+            run.ticks.append(report)
+            if on_tick is not None:
+                on_tick(report)
+        if taken and claim is not None:  # claimed for a tick this run no longer runs
+            store.release(conn, claim)
+        return run
