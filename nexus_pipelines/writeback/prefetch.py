@@ -1,6 +1,7 @@
 """Reading and mapping the next page of candidates on a background thread while the
 current batch's CRM call is in flight (the write pass), with a gate so that this CPU
-work does not compete with what the writer does between two CRM calls."""
+work does not compete with what the writer does between two CRM calls, nor with the
+previous batch's commit."""
 
 from __future__ import annotations
 
@@ -13,21 +14,30 @@ _DONE = object()
 
 
 class Gate:
-    """Open while a CRM call is in flight or the consumer waits for data; the prefetch
-    thread starts each page only through an open gate."""
+    """Open while a CRM call is in flight and no batch commit is, or while the consumer
+    waits for data; the prefetch thread starts each page only through an open gate."""
 
     def __init__(self) -> None:
         self._cv = threading.Condition()
-        self._state = {"crm": False, "starving": False, "closed": False}
+        self._state = {"crm": False, "committing": False, "starving": False, "closed": False}
 
     def set(self, **flags: bool) -> None:
         with self._cv:
             self._state.update(flags)
             self._cv.notify_all()
 
+    @property
+    def flags(self) -> dict[str, bool]:
+        with self._cv:
+            return dict(self._state)
+
+    def _open(self) -> bool:
+        s = self._state
+        return (s["crm"] and not s["committing"]) or s["starving"] or s["closed"]
+
     def wait(self) -> None:
         with self._cv:
-            self._cv.wait_for(lambda: any(self._state.values()))
+            self._cv.wait_for(self._open)
 
 
 def gated(source: Iterator[Any], gate: Gate) -> Iterator[Any]:

@@ -541,10 +541,28 @@ class Runner:
             self._hold_lease(number + 1)
         finally:  # this batch was sent: its evidence is committed even when the previous commit failed
             usage = self._usage_text()
-            committer.submit(sent, lambda lease=self.lease, ledger=self.ledger_writer: ledger.commit_batch(
-                context.run_id, batch_id, lease, ttl, sent.settled.outcomes, sent.settled.counts, api_usage=usage))
+            committer.submit(sent, self._shut_from_pages(lambda lease=self.lease, ledger=self.ledger_writer: (
+                ledger.commit_batch(context.run_id, batch_id, lease, ttl, sent.settled.outcomes, sent.settled.counts,
+                                    api_usage=usage))))
         if sent.settled.contradiction or outcome.stop_reason:
             yield from self._collect(context, counts, committer, total_batches)
+
+    def _shut_from_pages(self, commit: Callable[[], Any]) -> Callable[[], Any]:
+        """A batch commit that keeps the prefetch gate shut from now until it returns: a page
+        read and mapped on the prefetch thread holds the interpreter for tens of milliseconds,
+        and a commit overlapping it waited that long for its own turns (the commit's tail)."""
+        gate = self._gate
+        if gate is None:
+            return commit
+        gate.set(committing=True)
+
+        def shut() -> Any:
+            try:
+                return commit()
+            finally:
+                gate.set(committing=False)
+
+        return shut
 
     def _collect(self, context: JobContext, counts: _Counts, committer: Committer,
                  total_batches: int) -> Iterator[Event]:
