@@ -93,17 +93,16 @@ def activate_cmd(keys: tuple[str, ...], everything: bool) -> None:
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.workqueue.generations import GenerationGateError
-    from nexus_pipelines.workqueue.receipts import route_receipts
+    from nexus_pipelines.workqueue.receipts import route_until_idle
     from nexus_pipelines.workqueue.worker import drain
 
     if not keys and not everything:
         raise UserError("name the registrations to activate, or pass --all")
     with control_connection() as conn:
-        pool = make_pool(conn.info.dsn, max_size=4)
+        pool = make_pool(control_dsn(), max_size=4)  # conn.info.dsn leaves the password out
 
         def drain_old(registration_id: str, revision: int) -> None:
-            while route_receipts(conn, build_route_table(), owner=operator(), limit=500).claimed:
-                pass
+            route_until_idle(pool, build_route_table(), owner=operator())
             drain(pool, build_handler_registry(pool), registration_ids=[registration_id], time_budget_s=120)
 
         try:
@@ -142,11 +141,11 @@ def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> Non
     from nexus_pipelines.connectors.provider_gate import ProviderGates
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.control.db import make_pool
-    from nexus_pipelines.workqueue.receipts import route_receipts
+    from nexus_pipelines.workqueue.receipts import route_until_idle
 
     ids = [r.registration_id for r in _select(keys)] if keys else None
     with control_connection() as conn:
-        pool = make_pool(control_dsn(), max_size=2)  # for the provider gates, shared with every process
+        pool = make_pool(control_dsn(), max_size=2)  # the provider gates (shared with every process), then the router
         composer = CachedComposer(REGISTRY, ComposeContext(gates=ProviderGates(pool)))
         try:
             requested = store.request_poll(conn, ids)
@@ -156,9 +155,7 @@ def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> Non
                 click.echo(held.line())
             report = poll(conn, REGISTRY, composer, owner=owner(), executor=RetryExecutor(), registration_ids=ids,
                           max_ticks=max_ticks, time_budget_s=time_budget_s)
-            routed = 0
-            while (step := route_receipts(conn, build_route_table(), owner=owner(), limit=500)).claimed:
-                routed += step.materialized
+            routed = route_until_idle(pool, build_route_table(), owner=owner()).materialized
         finally:
             composer.close()
             pool.close()
@@ -179,14 +176,17 @@ def poll_cmd(keys: tuple[str, ...], max_ticks: int, time_budget_s: float) -> Non
 @click.option("--time-budget", "time_budget_s", default=1800.0, type=click.FloatRange(0, min_open=True))
 def sweep_cmd(keys: tuple[str, ...], max_pages: int, time_budget_s: float) -> None:
     """Reconcile: list the provider's issues, compare them with custody, re-observe every gap."""
+    from contextlib import closing
+
     from nexus_pipelines.bindings import build_route_table
     from nexus_pipelines.cli_common import operator as owner
     from nexus_pipelines.connectors.core.compose import CachedComposer, CompositionError
     from nexus_pipelines.connectors.core.executor import RetryExecutor
     from nexus_pipelines.connectors.core.sweep import SweepBounds, sweep
+    from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.connectors.sweeps import sources
-    from nexus_pipelines.workqueue.receipts import route_receipts
+    from nexus_pipelines.workqueue.receipts import route_until_idle
 
     composer = CachedComposer(REGISTRY)
     failed = False
@@ -201,8 +201,9 @@ def sweep_cmd(keys: tuple[str, ...], max_pages: int, time_budget_s: float) -> No
                     raise UserError(str(exc)) from None
                 failed |= report.outcome in ("failed", "lease_busy", "inactive")
                 click.echo(report.line())
-            while route_receipts(conn, build_route_table(), owner=owner(), limit=500).claimed:
-                pass  # the re-observed gaps reach their work items (`nexus-pipelines queue drain` applies them)
+            # the re-observed gaps reach their work items (`nexus-pipelines queue drain` applies them)
+            with closing(make_pool(control_dsn(), max_size=2)) as pool:
+                route_until_idle(pool, build_route_table(), owner=owner())
     finally:
         composer.close()
     if failed:

@@ -20,7 +20,9 @@ class ControlPlaneResource(ConfigurableResource):
 
     dsn: str = Field(description="libpq DSN; set it with EnvVar('NEXUS_PG_DSN') so its value never shows in the UI.")
     control_schema: str = Field(default=CONTROL_SCHEMA, description="Schema holding the control tables.")
-    pool_max_size: int = Field(default=8, ge=1, le=64)
+    pool_max_size: int = Field(default=8, ge=2, le=64, description=(
+        "Connections a run may hold at once: a drain holds two (claims and lease renewals), a router two "
+        "(claims and writes)."))
 
     _pool: ConnectionPool | None = PrivateAttr(default=None)
 

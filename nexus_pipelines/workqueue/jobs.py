@@ -18,7 +18,7 @@ from nexus_pipelines.workqueue import stats
 from nexus_pipelines.workqueue.assets import health_observation
 from nexus_pipelines.workqueue.event_path import run_event_path
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
-from nexus_pipelines.workqueue.receipts import Route, RouterReport, route_receipts
+from nexus_pipelines.workqueue.receipts import Route, route_until_idle
 from nexus_pipelines.workqueue.registry import build_handler_registry, build_route_table
 from nexus_pipelines.workqueue.session import when_reachable
 from nexus_pipelines.workqueue.worker import default_worker_id, drain
@@ -155,17 +155,9 @@ def build_router_job(
     def router_op(context: OpExecutionContext, config: RouterConfig, control_plane: ControlPlaneResource) -> dict:
         routes = routes_factory()
         owner = f"dagster:{context.run_id[:8]}:{default_worker_id()}"
-        total = RouterReport()
-        deadline = time.monotonic() + config.time_budget_s
-        with control_plane.connection() as conn:
-            while total.claimed < config.max_receipts and time.monotonic() < deadline:
-                report = route_receipts(
-                    conn, routes, owner=owner, limit=config.batch, lease_ttl=timedelta(seconds=config.lease_ttl_s)
-                )
-                for key, value in report.as_dict().items():
-                    setattr(total, key, getattr(total, key) + value)
-                if report.claimed == 0:
-                    break
+        total = route_until_idle(control_plane.pool(), routes, owner=owner, batch=config.batch,
+                                 max_receipts=config.max_receipts, time_budget_s=config.time_budget_s,
+                                 lease_ttl=timedelta(seconds=config.lease_ttl_s))
         context.log.info(f"routed receipts: {total.as_dict()}")
         return _observe(context, control_plane, total.as_dict(), "last_router")
 

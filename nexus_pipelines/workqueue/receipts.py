@@ -26,14 +26,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from nexus_pipelines.workqueue.retry import DEFAULT_POLICY, RetryPolicy, summarize_exception
@@ -473,11 +476,15 @@ class PlannedReceipt:
     route_id: str
     route_version: int
     events: Sequence[EventSpec]
+    # each event's row of the events document, serialized when the receipt is planned (a value
+    # JSON cannot hold fails the plan), so a pipelined router's writer only sends them
+    event_rows: tuple[str, ...] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         keys = [e.idempotency_key for e in self.events]
         if len(set(keys)) != len(keys):
             raise RoutingRejected("a receipt materialized two events with the same idempotency key")
+        object.__setattr__(self, "event_rows", tuple(_event_rows(self)))
 
 
 def _stored_json(value: Any) -> str:
@@ -486,20 +493,21 @@ def _stored_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+def _event_rows(p: PlannedReceipt) -> Iterable[str]:
+    for seq, e in enumerate(p.events):
+        payload = _stored_json(e.payload)
+        companion = "null" if e.companion is None else _stored_json(e.companion)
+        fields = json.dumps({
+            "receipt_id": p.receipt_id, "registration_id": p.registration_id, "revision": p.revision,
+            "route_id": p.route_id, "route_version": p.route_version, "source_kind": e.source_kind,
+            "source_id": e.source_id, "idempotency_key": e.idempotency_key, "seq": seq,
+            "payload_hash": payload_hash(e.payload, payload), "parse_outcome": e.parse_outcome,
+            "correlation": dict(e.correlation)})
+        yield f'{fields[:-1]},"payload":{payload},"companion":{companion}}}'
+
+
 def _event_document(planned: Sequence[PlannedReceipt]) -> str:
-    rows = []
-    for p in planned:
-        for seq, e in enumerate(p.events):
-            payload = _stored_json(e.payload)
-            companion = "null" if e.companion is None else _stored_json(e.companion)
-            fields = json.dumps({
-                "receipt_id": p.receipt_id, "registration_id": p.registration_id, "revision": p.revision,
-                "route_id": p.route_id, "route_version": p.route_version, "source_kind": e.source_kind,
-                "source_id": e.source_id, "idempotency_key": e.idempotency_key, "seq": seq,
-                "payload_hash": payload_hash(e.payload, payload), "parse_outcome": e.parse_outcome,
-                "correlation": dict(e.correlation)})
-            rows.append(f'{fields[:-1]},"payload":{payload},"companion":{companion}}}')
-    return "[" + ",".join(rows) + "]"
+    return "[" + ",".join(row for p in planned for row in p.event_rows) + "]"
 
 
 def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt]) -> tuple[list[list[int]], int]:
@@ -646,6 +654,11 @@ class RouterReport:
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
 
+    def add(self, other: RouterReport) -> None:
+        """Count another batch's report in (its `claimed` too)."""
+        for key, value in other.as_dict().items():
+            setattr(self, key, getattr(self, key) + value)
+
 
 def route_receipts(
     conn: Connection,
@@ -663,45 +676,102 @@ def route_receipts(
     (a row some statement refuses), its receipts are materialized one at a time, so the
     failure is recorded on the receipt that caused it and the others still commit.
     """
-    report = RouterReport()
-    claimed = claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl)
-    report.claimed = len(claimed)
-    failed: set[int] = set()
+    batch = _claim_and_plan(conn, routes, owner=owner, limit=limit, lease_ttl=lease_ttl, policy=policy)
+    return batch.materialize(conn)
 
-    def fail(receipt: ClaimedReceipt, exc: Exception) -> None:
-        failed.add(receipt.receipt_id)
+
+def route_until_idle(
+    pool: ConnectionPool,
+    routes: RouteTable,
+    *,
+    owner: str,
+    batch: int = 500,
+    max_receipts: int | None = None,
+    time_budget_s: float | None = None,
+    lease_ttl: timedelta = timedelta(seconds=60),
+    policy: RetryPolicy = DEFAULT_POLICY,
+) -> RouterReport:
+    """Route batches of due receipts (as `route_receipts` does) until none is due, `max_receipts`
+    were claimed or the time budget is spent; returns the batches' report summed.
+
+    The next batch is claimed and planned on one connection while the last one is
+    materialized on another, so the router's own work (reading bodies, planning and
+    serializing events) runs while the database writes. A batch is materialized only once
+    the one before it committed, so events and work items are created in claim order."""
+    total, claimed = RouterReport(), 0
+    deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
+    with pool.connection() as claimer, pool.connection() as writer, \
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="router-writer") as materializer:
+        writing = None
+        while (max_receipts is None or claimed < max_receipts) and (deadline is None or time.monotonic() < deadline):
+            limit = batch if max_receipts is None else min(batch, max_receipts - claimed)
+            planned = _claim_and_plan(claimer, routes, owner=owner, limit=limit, lease_ttl=lease_ttl, policy=policy)
+            if writing is not None:
+                total.add(writing.result())
+            writing = materializer.submit(planned.materialize, writer) if planned.claimed else None
+            if writing is None:
+                total.add(planned.report)
+                break
+            claimed += len(planned.claimed)
+        if writing is not None:
+            total.add(writing.result())
+    return total
+
+
+@dataclass
+class _PlannedBatch:
+    """One claimed batch: the receipts planned, and the report of those that failed planning."""
+
+    claimed: list[ClaimedReceipt]
+    planned: list[tuple[ClaimedReceipt, PlannedReceipt]]
+    report: RouterReport
+    policy: RetryPolicy
+
+    def fail(self, conn: Connection, receipt: ClaimedReceipt, exc: Exception) -> None:
         status = record_routing_failure(
-            conn, receipt, exc, terminal=isinstance(exc, RoutingRejected), delay_s=policy.delay(receipt.attempts)
+            conn, receipt, exc, terminal=isinstance(exc, RoutingRejected), delay_s=self.policy.delay(receipt.attempts)
         )
         if status is None:
-            report.lost += 1
+            self.report.lost += 1
         elif status == "failed":
-            report.failed += 1
+            self.report.failed += 1
         else:
-            report.retried += 1
+            self.report.retried += 1
 
-    batch = []
+    def materialize(self, conn: Connection) -> RouterReport:
+        """Materialize the planned receipts (one at a time if the batch's transaction fails); the
+        batch's whole report, `claimed` included."""
+        failed: set[int] = set()
+        try:
+            done = materialize_batch(conn, self.planned) if self.planned else {}
+        except Exception:  # noqa: BLE001 - some receipt's rows broke the batch: find which, one at a time
+            done = {}
+            for one in self.planned:
+                try:
+                    done.update(materialize_batch(conn, [one]))
+                except Exception as exc:  # noqa: BLE001
+                    failed.add(one[0].receipt_id)
+                    self.fail(conn, one[0], exc)
+        for receipt, _ in self.planned:
+            if receipt.receipt_id in done:
+                self.report.materialized += 1
+                self.report.events += len(done[receipt.receipt_id])
+            elif receipt.receipt_id not in failed:
+                self.report.lost += 1
+        return self.report
+
+
+def _claim_and_plan(
+    conn: Connection, routes: RouteTable, *, owner: str, limit: int, lease_ttl: timedelta, policy: RetryPolicy
+) -> _PlannedBatch:
+    claimed = claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl)
+    batch = _PlannedBatch(claimed, [], RouterReport(claimed=len(claimed)), policy)
     for receipt in claimed:
         try:
-            batch.append((receipt, plan(receipt, routes)))
+            batch.planned.append((receipt, plan(receipt, routes)))
         except Exception as exc:  # noqa: BLE001 - every routing failure is recorded on the receipt
-            fail(receipt, exc)
-    try:
-        done = materialize_batch(conn, batch) if batch else {}
-    except Exception:  # noqa: BLE001 - some receipt's rows broke the batch: find which, one at a time
-        done = {}
-        for one in batch:
-            try:
-                done.update(materialize_batch(conn, [one]))
-            except Exception as exc:  # noqa: BLE001
-                fail(one[0], exc)
-    for receipt, _ in batch:
-        if receipt.receipt_id in done:
-            report.materialized += 1
-            report.events += len(done[receipt.receipt_id])
-        elif receipt.receipt_id not in failed:
-            report.lost += 1
-    return report
+            batch.fail(conn, receipt, exc)
+    return batch
 
 
 # --- bulk enqueue (tests, benchmarks, backfills) -----------------------------------------

@@ -27,7 +27,7 @@ from nexus_pipelines.tickets.commands import set_connector_ticket_priority, tria
 from nexus_pipelines.tickets.handlers import OBSERVATION_ROUTE, TicketHandlers, route_versions
 from nexus_pipelines.tickets.proofs import record_proof
 from nexus_pipelines.workqueue.handlers import HandlerRegistry
-from nexus_pipelines.workqueue.receipts import route_receipts
+from nexus_pipelines.workqueue.receipts import route_until_idle
 from nexus_pipelines.workqueue.retry import RetryPolicy
 from nexus_pipelines.workqueue.worker import DrainReport, drain
 
@@ -92,14 +92,8 @@ class Plant:
                         max_ticks=max_ticks, lease_ttl=lease_ttl)
 
     def route(self) -> int:
-        total = 0
-        with self.pool.connection() as conn:
-            while True:
-                report = route_receipts(conn, {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE}, owner="test-router",
-                                        limit=500)
-                total += report.materialized
-                if report.claimed == 0:
-                    return total
+        return route_until_idle(self.pool, {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE}, owner="test-router",
+                                batch=500).materialized
 
     def drain(self, registration_ids: Sequence[str] | None = None) -> DrainReport:
         return drain(self.pool, self.registry(), registration_ids=list(registration_ids) if registration_ids else None,
