@@ -42,7 +42,7 @@ from nexus_pipelines.tickets.intake import (
     Observation,
     apply_observations,
     open_sweep_gap_finding,
-    plan_for_current_sizes,
+    plan_without_table_scans,
 )
 from nexus_pipelines.tickets.proofs import CLOSE_ROUTE, CLOSE_WORK_TYPE, ticket_lane
 from nexus_pipelines.workqueue.claims import ClaimedItem, lock_fence, lock_fences
@@ -130,7 +130,7 @@ class TicketHandlers:
         with self.pool.connection() as conn, conn.transaction():
             held = lock_fences(conn, [item for _, item, _ in valid])
             live = [(n, item, observation) for n, item, observation in valid if item.fence in held]
-            plan_for_current_sizes(conn)
+            plan_without_table_scans(conn)
             applied = apply_observations(conn, [observation for _, _, observation in live])
             for (_, item, observation), result in zip(live, applied):
                 if item.payload.get(SWEPT_MARK):  # found by a reconciliation sweep, not by the scans
