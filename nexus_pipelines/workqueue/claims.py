@@ -572,12 +572,13 @@ def _fence_arrays(fences: Iterable[tuple[int, int]]) -> tuple[list[int], list[in
 
 
 def _held(lease: str, wait: str = "") -> str:
-    """Rows still held with their fences, locked in work_id order (the one global order)."""
+    """Rows still held with their fences, locked in work_id order (the one global order). Fence
+    arrays go in binary (`%b`), as receipts.py says why."""
     return f"""
 WITH held AS (
     SELECT w.work_id
       FROM connector_work_items w
-      JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+      JOIN unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS d(work_id, token)
         ON w.work_id = d.work_id AND w.lease_token = d.token
      WHERE w.state = '{RUNNING}' AND {lease}
      ORDER BY w.work_id
@@ -611,7 +612,7 @@ UPDATE connector_work_items w
        lease_until = NULL,
        finished_at = now(),
        updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+  FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS d(work_id, token)
  WHERE w.work_id = d.work_id AND w.lease_token = d.token
    AND w.state = '{RUNNING}' AND w.lease_until > now()
 RETURNING w.work_id
@@ -634,7 +635,7 @@ UPDATE connector_work_items w
        lease_until = NULL,
        updated_at = now()
   FROM held
-  JOIN unnest(%(ids)s::bigint[], %(classes)s::text[], %(summaries)s::text[], %(delays)s::float8[],
+  JOIN unnest(%(ids)b::bigint[], %(classes)s::text[], %(summaries)s::text[], %(delays)s::float8[],
               %(terminal)s::boolean[], %(uncounted)s::boolean[])
        AS d(work_id, failure_class, summary, delay_s, terminal, uncounted) ON d.work_id = held.work_id
  WHERE w.work_id = held.work_id
@@ -669,7 +670,7 @@ UPDATE connector_work_items w
        failure_class = CASE WHEN w.state = '{RUNNING}' THEN 'not_started' ELSE w.failure_class END,
        lease_until = NULL,
        updated_at = now()
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+  FROM unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS d(work_id, token)
  WHERE w.work_id = d.work_id AND w.lease_token = d.token AND w.unstarted_attempts < w.attempts
    AND (w.state = '{RUNNING}' OR (w.state IN ('{RETRY}', '{DEAD}') AND w.failure_class = 'lease_expired'))
 RETURNING w.work_id
@@ -716,7 +717,7 @@ def lock_fence(conn: Connection, item: ClaimedItem) -> bool:
 _LOCK_WORK_ITEM_FENCES = f"""
 SELECT w.work_id, w.lease_token
   FROM connector_work_items w
-  JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+  JOIN unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS d(work_id, token)
     ON w.work_id = d.work_id AND w.lease_token = d.token
  WHERE w.state = '{RUNNING}' AND w.lease_until > now()
  ORDER BY w.work_id
@@ -761,7 +762,7 @@ def held(conn: Connection, fences: Iterable[tuple[int, int]]) -> dict[int, str]:
         f"""SELECT w.work_id, CASE WHEN w.state = '{RUNNING}' AND w.lease_until <= now() THEN 'expired'
                                    ELSE w.state END
               FROM connector_work_items w
-              JOIN unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS d(work_id, token)
+              JOIN unnest(%(ids)b::bigint[], %(tokens)b::bigint[]) AS d(work_id, token)
                 ON w.work_id = d.work_id AND w.lease_token = d.token""",
         {"ids": ids, "tokens": tokens},
     ).fetchall()

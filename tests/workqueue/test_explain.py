@@ -99,10 +99,10 @@ def test_claim_on_the_big_queue_returns_lane_heads(big_queue):
 
 def _generic_plan_scans(conn, sql: str, params: dict, types: dict) -> set[tuple]:
     """Scans of the generic plan of `sql` prepared server-side (what a prepared hot path runs)."""
-    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)s", sql)))
+    names = list(dict.fromkeys(re.findall(r"%\((\w+)\)[sb]", sql)))
     text = sql
     for n, name in enumerate(names, 1):
-        text = text.replace(f"%({name})s", f"${n}")
+        text = re.sub(rf"%\({name}\)[sb]", f"${n}", text)
     conn.execute("SET plan_cache_mode = force_generic_plan")
     try:
         conn.execute(f"PREPARE hot_path ({', '.join(types[name] for name in names)}) AS {text}")
