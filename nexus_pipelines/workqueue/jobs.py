@@ -48,7 +48,8 @@ class EventPathConfig(Config):
 
 
 class RouterConfig(Config):
-    batch: int = Field(default=50, ge=1, le=1000, description="Receipts claimed per statement.")
+    batch: int = Field(default=500, ge=1, le=1000, description=(
+        "Receipts claimed per statement (the CLI and the local stack route 500 at a time too)."))
     max_receipts: int = Field(default=5_000, ge=1)
     time_budget_s: float = Field(default=120.0, gt=0)
     lease_ttl_s: float = Field(default=60.0, gt=0)
