@@ -24,7 +24,9 @@ simulator in process (its time is measured at the transport and subtracted):
    `per_page_fetch_own_ms` (the fetch less the simulator) and `per_page_commit_ms` (the page
    commit, which also takes the next claim, less the next page's fetch made while it is in
    flight: that one counts as the next page's fetch); `load_average` is the 1-minute load average when
-   the sync starts and when it ends, since on a shared machine the figures follow it;
+   the sync starts and when it ends, since on a shared machine the figures follow it, and
+   `cpu_steal_pct` the share of the machine's CPU time the host took for other guests during
+   the sync and during the apply (a virtual machine's neighbours slow every figure);
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back.
    GitHub's gate spends its documented content budget (80 comments a minute, 500 an
@@ -77,6 +79,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.host import Steal  # noqa: E402 - the project root is on the path from here
 
 # The one drain configuration every phase uses (the ticket drain and the no-op drain alike).
 DRAIN = {"concurrency": 2, "claim_batch": 100}
@@ -356,17 +360,20 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     # 1. full sync, page by page
     with pool.connection() as conn:
         load = [round(os.getloadavg()[0], 2)]
+        steal = {"sync": Steal()}
         started = time.perf_counter()
         report = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(),
                       registration_ids=[registration.registration_id], time_budget_s=3600)
         sync_s = time.perf_counter() - started
         load.append(round(os.getloadavg()[0], 2))
+        steal["sync"] = steal["sync"].pct()
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
     fetch_s, commit_s = (sum(getattr(t, part) for t in report.ticks) for part in ("fetch_s", "commit_s"))
     rid = registration.registration_id
     if args.analyze == "after-poll":
         with pool.connection() as conn:
             conn.execute("ANALYZE")
+    steal["apply"] = Steal()
     started = time.perf_counter()
     plant.route()
     route_s = time.perf_counter() - started
@@ -374,6 +381,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     drained = _drain_all(pool, plant.registry(), rid, "first sync")
     drain_s = time.perf_counter() - started
     apply_s = route_s + drain_s
+    steal["apply"] = steal["apply"].pct()
     with pool.connection() as conn:
         _expect("the first sync", "tickets", _rows(conn)["tickets"], args.issues)
     noop_per_s = _noop_items_per_s(pool, args.issues)
@@ -426,6 +434,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         "per_page_fetch_own_ms": round((fetch_s - sim_s) / max(pages, 1) * 1000, 2),
         "per_page_commit_ms": round(commit_s / max(pages, 1) * 1000, 2),
         "load_average": load,
+        "cpu_steal_pct": steal,
         "analyze": args.analyze,
         "route_s": round(route_s, 2),
         "drain_s": round(drain_s, 2),

@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 
 from bench.peers.common import DRIVERS, driver, log, run_once, summarize  # noqa: E402
+from bench.host import Steal  # noqa: E402
 from bench.peers.gates import measure_gates  # noqa: E402
 
 
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     summaries: dict[str, dict] = {}
     commit = _git_head()
     load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: context for the numbers
+    steal = Steal()
     with postgres_server() as server_dsn:
         with psycopg.connect(server_dsn) as conn:
             server_version = conn.execute("SHOW server_version").fetchone()[0]
@@ -228,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "cpus": os.cpu_count(),
         "loadavg_1m_start_end": [load_start, round(os.getloadavg()[0], 2)],
+        "cpu_steal_pct": steal.pct(),  # the host's share of this machine's CPU time (bench/host.py)
         "commit": commit,
         "postgres": server_version,
         "fsync": fsync,

@@ -12,7 +12,8 @@ Peak RSS is this process only (the runner); the emulator, the simulator and Post
 run in their own processes, as BigQuery, NexusCRM and the control plane would. The
 validation pass is reported per row as wall time, as CPU time of the thread that maps
 and hashes, and as CPU time of the whole process (the page reads on the prefetch thread
-included); the load average at the start and the end says how busy the machine was.
+included); the load average at the start and the end says how busy the machine was, and
+`cpu_steal_pct` how much of its CPU time the host gave other guests during the first run.
 
 The first run's control-plane cost is reported per batch commit (the run's totals over
 its batches, so the few writes outside the batches count too): WAL bytes (from
@@ -56,6 +57,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.host import Steal  # noqa: E402 - the project root is on the path from here
 
 
 def _serve_simulator(latency_s: float, conn) -> None:
@@ -238,11 +241,11 @@ def main() -> int:
             with connect(dsn) as conn:
                 runner = Runner("month_end_arr", MonthEndArrMapper(), loaded, bq=bq, conn=conn, storage=storage,
                                 page_size=args.page_size, prefetch_pages=args.prefetch_pages)
-                t = time.perf_counter()
+                t, steal = time.perf_counter(), Steal()
                 result, cpu_thread, cpu_process, pre_write_warehouse = _run(runner, JobContext(
                     run_id=f"bench-{label}-{uuid.uuid4().hex[:6]}", started_at=datetime.now(UTC), dry_run=False))
-                wall = time.perf_counter() - t
-            runs.append((label, result, runner, wall, cpu_thread, cpu_process, pre_write_warehouse))
+                wall, stolen = time.perf_counter() - t, steal.pct()
+            runs.append((label, result, runner, wall, cpu_thread, cpu_process, pre_write_warehouse, stolen))
             say(f"{label}: {result.status} selected={result.selected} unchanged={result.unchanged} "
                 f"succeeded={result.succeeded} failed={result.retryable_failed + result.permanently_failed} "
                 f"batches={result.batches} crm_calls={result.crm_calls} read_back_calls={result.read_back_calls} "
@@ -260,8 +263,8 @@ def main() -> int:
                 say("  per batch commit: " + " ".join(f"{k}={v}" for k, v in wal.items()))
         parent.send("records")
         crm_records = parent.recv()
-        _, first, first_runner, first_wall, cpu_thread, cpu_process, pre_write_warehouse = runs[0]
-        _, rerun, _, rerun_wall, _, _, _ = runs[1]
+        _, first, first_runner, first_wall, cpu_thread, cpu_process, pre_write_warehouse, first_steal = runs[0]
+        _, rerun, _, rerun_wall, _, _, _, _ = runs[1]
         # Every CRM call is API time: the preflight's (authentication, describe) and the write pass's.
         crm_s = sum(first.stage_seconds.get(stage, 0.0) for stage in (STAGE_PREFLIGHT, STAGE_CRM))
         per_row_us = 1e6 / max(first.selected, 1)
@@ -288,6 +291,7 @@ def main() -> int:
             "validation_process_cpu_us_per_row": round(cpu_process * per_row_us, 1),
             "load_average_start": load_start,
             "load_average_end": [round(x, 2) for x in os.getloadavg()],
+            "cpu_steal_pct": first_steal,  # the host's share of the machine's CPU time in the first run
             "unchanged_rerun_calls": rerun.crm_calls,
             "unchanged_rerun_read_back_calls": rerun.read_back_calls,
             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
