@@ -24,6 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Literal
@@ -319,8 +320,8 @@ class Runner:
 
     def _steps(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
         yield from self._check_source(context)  # 3
-        crm = yield from self._preflight()  # 4
-        table = yield from self._candidates(context, counts)  # 5, 6a
+        crm, table = yield from self._preflight_beside_candidates(context, counts)  # 4, 5
+        yield from self._candidate_checks(context)  # 6a
         db_now = yield from self._validate(context, counts, table)  # 6b
         total_batches = math.ceil(counts.to_write / self.config.write.batch_size)
         yield Progress(f"validated {counts.selected} rows: {counts.to_write} to write in {total_batches} batches, "
@@ -355,21 +356,36 @@ class Runner:
         if stale:
             raise _CheckFailed(stale)
 
-    def _preflight(self) -> Iterator[Event]:
-        """Step 4: authentication and the field contract, before anything is selected or written."""
+    def _preflight_beside_candidates(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
+        """Steps 4 and 5 at once: the preflight's CRM calls run on a thread while the warehouse
+        materializes the candidate table, so neither waits for the other. Nothing is written to
+        the CRM either way, and a failed preflight fails the run as it did when it ran first
+        (its error wins; the table is dropped in cleanup)."""
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="crm-preflight") as background:
+            preflight = background.submit(self._preflight)
+            try:
+                table, candidates_done = self._materialize_candidates(context)
+            finally:
+                crm, preflight_done = preflight.result()
+        counts.selected = table.row_count  # a run whose preflight failed selected nothing
+        yield preflight_done
+        yield candidates_done
+        yield Progress(f"candidate table: {table.row_count} rows")
+        return crm, table
+
+    def _preflight(self) -> tuple[NexusCrmClient, StageDone]:
+        """Step 4: authentication and the field contract, before anything is written."""
         started = time.perf_counter()
         crm = self.crm_factory(self.loaded)
         self._crm = crm
         crm.authenticate()
         crm.preflight(self.mapper.TARGET_OBJECT, self.mapper.FIELDS)
         self.api_usage = crm.api_usage
-        yield self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT,
-                                                     "crm_api_usage": str(self.api_usage or "unknown")})
-        return crm
+        return crm, self._stage(STAGE_PREFLIGHT, started, {"object": self.mapper.TARGET_OBJECT,
+                                                            "crm_api_usage": str(self.api_usage or "unknown")})
 
-    def _candidates(self, context: JobContext, counts: _Counts) -> Iterator[Event]:
-        """Steps 5 and 6a: the run-scoped candidate table, every canary id in it, and the
-        set-based key checks."""
+    def _materialize_candidates(self, context: JobContext) -> tuple[CandidateTable, StageDone]:
+        """Step 5: the run-scoped candidate table."""
         cfg = self.config
         started = time.perf_counter()
         self.table_id = candidate_table_id(cfg.state.project, cfg.state.dataset, self.job_name, context.run_id,
@@ -379,9 +395,11 @@ class Runner:
                                        timer=self.warehouse)
         self.reader = CandidateReader(self.bq, self.table_id, storage=self.storage, location=cfg.source.location,
                                       timer=self.warehouse)
-        counts.selected = table.row_count
-        yield self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
-        yield Progress(f"candidate table: {table.row_count} rows")
+        return table, self._stage(STAGE_CANDIDATES, started, {"rows": table.row_count})
+
+    def _candidate_checks(self, context: JobContext) -> Iterator[Event]:
+        """Step 6a: every canary id in the candidate table, and the set-based key checks."""
+        cfg = self.config
         # Asked for by id (a canary): every id must be there; a row count cannot tell, since a
         # duplicated id can stand in for a missing one.
         missing = missing_external_ids(self.bq, self.table_id, context.external_ids, location=cfg.source.location,
@@ -408,7 +426,6 @@ class Runner:
             raise _CheckFailed("; ".join(c for c, ok in (
                 (f"{keys.null_or_empty} null or empty external IDs", null_ok),
                 (f"{keys.duplicate_ids} duplicate external IDs", unique_ok)) if not ok))
-        return table
 
     def _validate(self, context: JobContext, counts: _Counts, table: CandidateTable) -> Iterator[Event]:
         """Step 6b: the no-write validation pass (every row mapped and hashed; it also counts
