@@ -183,9 +183,9 @@ def sweep_cmd(keys: tuple[str, ...], max_pages: int, time_budget_s: float) -> No
     from nexus_pipelines.connectors.core.compose import CachedComposer, CompositionError
     from nexus_pipelines.connectors.core.executor import RetryExecutor
     from nexus_pipelines.connectors.core.sweep import SweepBounds, sweep
-    from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.connectors.sweeps import sources
+    from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.workqueue.receipts import route_until_idle
 
     composer = CachedComposer(REGISTRY)

@@ -76,13 +76,10 @@ def plan_without_table_scans(conn: Connection) -> None:
     """Plan the rest of the caller's transaction with index scans wherever an index answers
     (call it before `apply_observations`). The five foreign-key checks of each new ticket
     (custody, facts, finding, observation -> tickets) run through plans the connection
-    caches: a plan made while `tickets` was analyzed empty scans it sequentially, and kept
-    while a first sync grows the table to thousands of rows, every check reads all of it.
-    A plan made under this setting probes the key whatever the statistics, so it stays right
-    as the table grows, and the connection keeps it: discarding the plans once a batch (as
-    the drain did) re-planned every statement and check of every batch, about a fifth of
-    the database's time per ticket on the polling bench. No statement of a batch reads a
-    table whole."""
+    caches: one made while `tickets` was analyzed empty would scan it sequentially, and as a
+    first sync grows the table every check would read all of it. A plan made under this
+    setting probes the key whatever the statistics, so it stays right as the table grows and
+    the connection keeps it. No statement of a batch reads a table whole."""
     conn.execute("SET LOCAL enable_seqscan = off")
 
 

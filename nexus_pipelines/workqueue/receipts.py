@@ -711,11 +711,11 @@ def route_until_idle(
             planned = _claim_and_plan(claimer, routes, owner=owner, limit=limit, lease_ttl=lease_ttl, policy=policy)
             if writing is not None:
                 total.add(writing.result())
-            writing = materializer.submit(planned.materialize, writer) if planned.claimed else None
+            writing = materializer.submit(planned.materialize, writer) if planned.report.claimed else None
             if writing is None:
                 total.add(planned.report)
                 break
-            claimed += len(planned.claimed)
+            claimed += planned.report.claimed
         if writing is not None:
             total.add(writing.result())
     return total
@@ -723,9 +723,9 @@ def route_until_idle(
 
 @dataclass
 class _PlannedBatch:
-    """One claimed batch: the receipts planned, and the report of those that failed planning."""
+    """One claimed batch: the receipts planned, and its report (so far: how many were claimed and
+    what became of those that failed planning)."""
 
-    claimed: list[ClaimedReceipt]
     planned: list[tuple[ClaimedReceipt, PlannedReceipt]]
     report: RouterReport
     policy: RetryPolicy
@@ -768,7 +768,7 @@ def _claim_and_plan(
     conn: Connection, routes: RouteTable, *, owner: str, limit: int, lease_ttl: timedelta, policy: RetryPolicy
 ) -> _PlannedBatch:
     claimed = claim_receipts(conn, owner=owner, limit=limit, lease_ttl=lease_ttl)
-    batch = _PlannedBatch(claimed, [], RouterReport(claimed=len(claimed)), policy)
+    batch = _PlannedBatch([], RouterReport(claimed=len(claimed)), policy)
     for receipt in claimed:
         try:
             batch.planned.append((receipt, plan(receipt, routes)))

@@ -92,8 +92,8 @@ class Plant:
                         max_ticks=max_ticks, lease_ttl=lease_ttl)
 
     def route(self) -> int:
-        return route_until_idle(self.pool, {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE}, owner="test-router",
-                                batch=500).materialized
+        return route_until_idle(self.pool, {OBSERVATION_ROUTE.route_id: OBSERVATION_ROUTE},
+                                owner="test-router").materialized
 
     def drain(self, registration_ids: Sequence[str] | None = None) -> DrainReport:
         return drain(self.pool, self.registry(), registration_ids=list(registration_ids) if registration_ids else None,
