@@ -19,11 +19,11 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from psycopg_pool import ConnectionPool
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nexus_pipelines.connectors.core import store as connector_store
 from nexus_pipelines.connectors.core.executor import RetryExecutor
@@ -34,7 +34,8 @@ from nexus_pipelines.connectors.core.values import (
     CloseExternalIssue,
     ConnectorReceipt,
     ExternalIssue,
-    source_version_digest,
+    digest_of,
+    first_error,
 )
 from nexus_pipelines.connectors.core.sweep import SWEPT_MARK
 from nexus_pipelines.tickets.intake import (
@@ -55,7 +56,7 @@ from nexus_pipelines.workqueue.handlers import (
     RetryLater,
     complete_with_effects,
 )
-from nexus_pipelines.workqueue.receipts import ClaimedReceipt, EventSpec, Route, WorkSpec
+from nexus_pipelines.workqueue.receipts import RECEIPT_BODY, ClaimedReceipt, EventSpec, Route, RoutingRejected, WorkSpec
 
 OBSERVE_WORK_TYPE = "ticket.observe"
 OBSERVE_ROUTE = (connector_store.OBSERVE_ROUTE_KEY, 1)
@@ -68,14 +69,18 @@ def route_versions() -> dict[str, int]:
 
 
 def _materialize_observation(receipt: ClaimedReceipt) -> list[EventSpec]:
-    body = receipt.body
-    ref = body["issue"]["external_ref"]
+    """The receipt's body as the event's payload, unparsed: its issue's lanes come from the
+    receipt's correlation, which the poll writes from the same version (the drain checks that
+    the lane is the issue it carries)."""
+    ref = receipt.correlation.get("external_ref")
+    if not isinstance(ref, str) or not ref:
+        raise RoutingRejected("an observation receipt names no external_ref in its correlation")
     return [
         EventSpec(
             source_kind="external_issue",
             source_id=ref,
             idempotency_key=f"observe:{receipt.delivery_id}",
-            payload=body,
+            payload=RECEIPT_BODY,
             work=[WorkSpec(OBSERVE_WORK_TYPE, source_lane_key=ref, target_lane_key=ticket_lane(ref))],
         )
     ]
@@ -84,22 +89,38 @@ def _materialize_observation(receipt: ClaimedReceipt) -> list[EventSpec]:
 OBSERVATION_ROUTE = Route(OBSERVE_ROUTE[0], OBSERVE_ROUTE[1], _materialize_observation)
 
 
-def _observation(item: ClaimedItem) -> Observation:
-    """The issue version a `ticket.observe` item carries; PermanentError when it carries none."""
-    body = item.payload
+class _ObservedVersion(BaseModel):
+    """A `ticket.observe` payload: the receipt body a poll (or a sweep, marked) wrote for one
+    issue version, validated from its JSON text in one pass."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    digest: str
+    issue: ExternalIssue
+    labels: tuple[str, ...]
+    project: str
+    swept: bool = Field(default=False, alias=SWEPT_MARK)
+
+
+def _observation(item: ClaimedItem) -> tuple[Observation, bool]:
+    """The issue version a `ticket.observe` item carries, and whether a reconciliation sweep found
+    it; PermanentError when it carries none, or one that does not match its digest or its lane."""
+    if item.payload_json is None:
+        raise PermanentError(f"work item {item.work_id} carries no valid issue (no payload)")
     try:
-        issue = ExternalIssue.model_validate_json(json.dumps(body["issue"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise PermanentError(f"work item {item.work_id} carries no valid issue ({type(exc).__name__})") from None
-    if source_version_digest(issue) != body.get("digest"):
-        raise PermanentError(f"work item {item.work_id}: the issue does not match its source digest")
+        version = _ObservedVersion.model_validate_json(item.payload_json)
+    except ValidationError as exc:
+        raise PermanentError(f"work item {item.work_id} carries no valid issue ({first_error(exc)})") from None
+    issue = version.issue
     tenant, _, key = item.registration_id.partition("/")
-    try:
-        return Observation(CustodyKey(tenant, key, issue.external_ref), project=body["project"], issue=issue,
-                           digest=body["digest"], labels=list(body["labels"]), work_id=item.work_id,
-                           work_token=item.token)
-    except (KeyError, TypeError) as exc:
-        raise PermanentError(f"work item {item.work_id} carries no {exc} for its issue") from None
+    observation = Observation(CustodyKey(tenant, key, issue.external_ref), project=version.project, issue=issue,
+                              digest=version.digest, labels=list(version.labels), work_id=item.work_id,
+                              work_token=item.token)
+    if digest_of(observation.issue_json) != version.digest:
+        raise PermanentError(f"work item {item.work_id}: the issue does not match its source digest")
+    if item.source_lane_key != issue.external_ref:
+        raise PermanentError(f"work item {item.work_id}: its source lane is not the issue it carries")
+    return observation, version.swept
 
 
 @dataclass(frozen=True)
@@ -120,11 +141,16 @@ class TicketHandlers:
     def observe_batch(self, items: Sequence[ClaimedItem]) -> list[BatchResult]:
         results: list[BatchResult] = [LOST] * len(items)
         valid: list[tuple[int, ClaimedItem, Observation]] = []
+        swept: set[int] = set()  # the work ids of versions a reconciliation sweep found
         for n, item in enumerate(items):
             try:
-                valid.append((n, item, _observation(item)))
+                observation, found_by_sweep = _observation(item)
             except PermanentError as exc:
                 results[n] = exc
+                continue
+            valid.append((n, item, observation))
+            if found_by_sweep:
+                swept.add(item.work_id)
         if not valid:
             return results
         with self.pool.connection() as conn, conn.transaction():
@@ -133,7 +159,7 @@ class TicketHandlers:
             plan_without_table_scans(conn)
             applied = apply_observations(conn, [observation for _, _, observation in live])
             for (_, item, observation), result in zip(live, applied):
-                if item.payload.get(SWEPT_MARK):  # found by a reconciliation sweep, not by the scans
+                if item.work_id in swept:  # found by a reconciliation sweep, not by the scans
                     open_sweep_gap_finding(conn, result.ticket_id, tenant=observation.key.tenant,
                                            project=observation.project, work_id=observation.work_id)
             answers = complete_with_effects(conn, [item for _, item, _ in live], [r.outcome for r in applied])

@@ -18,13 +18,13 @@ A drain applies a batch of versions with a few set-based statements in one trans
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from psycopg import Connection
-from psycopg.types.json import Jsonb
 
-from nexus_pipelines.connectors.core.values import ExternalIssue
+from nexus_pipelines.connectors.core.values import ExternalIssue, canonical_form
 
 INTAKE_ACTOR = "system:intake"
 DEFAULT_PRIORITY = "P2"
@@ -58,6 +58,12 @@ class Observation:
     labels: list[str]
     work_id: int
     work_token: int
+    # the issue's canonical JSON (what its digest is taken over), serialized once: the round's
+    # document carries it as it is, and the statements read the issue's fields from it
+    issue_json: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "issue_json", canonical_form(self.issue))
 
 
 def apply_observations(conn: Connection, observations: Sequence[Observation]) -> list[IntakeResult]:
@@ -98,42 +104,46 @@ def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
 
 
 def _apply_round(conn: Connection, batch: list[tuple[int, Observation]], results: list) -> None:
-    rows = [_row(n, o) for n, o in batch]
-    by_idx = {r["idx"]: r for r in rows}
+    rows = {n: _row(n, o) for n, o in batch}
     known = []
-    for idx, ticket_id, created in conn.execute(_CREATE, {"rows": Jsonb(rows), "priority": DEFAULT_PRIORITY,
-                                                          "actor": INTAKE_ACTOR}):
+    for idx, ticket_id, created in conn.execute(_CREATE, {"rows": _document(rows.values()),
+                                                          "priority": DEFAULT_PRIORITY, "actor": INTAKE_ACTOR}):
         if created:
             results[idx] = IntakeResult("created", ticket_id)
         else:
-            known.append({**by_idx[idx], "ticket_id": ticket_id})
+            known.append((idx, ticket_id))
     if not known:
         return
-    known.sort(key=lambda r: r["idx"])
-    observed = {idx: updated for idx, updated in conn.execute(_OBSERVE, {"rows": Jsonb(known)})}
-    for r in known:
-        idx = r["idx"]
+    known.sort()
+    document = _document(f'{rows[idx][:-1]},"ticket_id":{ticket_id}}}' for idx, ticket_id in known)
+    observed = {idx: updated for idx, updated in conn.execute(_OBSERVE, {"rows": document})}
+    for idx, ticket_id in known:
         outcome = "unchanged" if idx not in observed else ("updated" if observed[idx] else "stale")
-        results[idx] = IntakeResult(outcome, r["ticket_id"])
+        results[idx] = IntakeResult(outcome, ticket_id)
 
 
-def _row(n: int, o: Observation) -> dict:
-    issue = o.issue
-    return {
-        "idx": n, "tenant": o.key.tenant, "key": o.key.registration_key, "ref": o.key.external_ref,
-        "project": o.project, "title": issue.title, "description": issue.description, "labels": o.labels,
-        "state": issue.external_state, "updated_at": issue.external_updated_at.isoformat(), "digest": o.digest,
-        "kind": issue.connector_kind, "url": issue.display_url, "work_id": o.work_id, "work_token": o.work_token,
-        "issue": issue.model_dump(mode="json"),
-    }
+def _row(n: int, o: Observation) -> str:
+    """One version's row of the round's document, the issue's canonical JSON spliced in as it is."""
+    head = json.dumps({"idx": n, "tenant": o.key.tenant, "key": o.key.registration_key, "ref": o.key.external_ref,
+                       "project": o.project, "labels": o.labels, "digest": o.digest, "work_id": o.work_id,
+                       "work_token": o.work_token})
+    return f'{head[:-1]},"issue":{o.issue_json}}}'
 
 
-# One JSON document per round (as the poll admits receipts): every column of every version.
+def _document(rows) -> str:
+    return "[" + ",".join(rows) + "]"
+
+
+# One JSON document per round (as the poll admits receipts): each version's custody key, labels,
+# digest and work item, and its issue, whose fields the statements read from it.
 _INPUT = """
-SELECT d.* FROM jsonb_to_recordset(%(rows)s::jsonb)
-    AS d(idx int, tenant text, key text, ref text, project text, title text, description text, labels text[],
-         state text, updated_at timestamptz, digest text, kind text, url text, work_id bigint, work_token bigint,
-         issue jsonb, ticket_id bigint)
+SELECT d.idx, d.tenant, d.key, d.ref, d.project, d.issue->>'title' AS title, d.issue->>'description' AS description,
+       d.labels, d.issue->>'external_state' AS state, (d.issue->>'external_updated_at')::timestamptz AS updated_at,
+       d.digest, d.issue->>'connector_kind' AS kind, d.issue->>'display_url' AS url, d.work_id, d.work_token,
+       d.issue, d.ticket_id
+  FROM jsonb_to_recordset(%(rows)s::jsonb)
+    AS d(idx int, tenant text, key text, ref text, project text, labels text[], digest text, work_id bigint,
+         work_token bigint, issue jsonb, ticket_id bigint)
 """
 
 # The first observation of each issue not linked yet: the ticket, its custody link, the P2

@@ -84,6 +84,7 @@ Lanes:
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -161,7 +162,9 @@ class ClaimedItem:
     lease_until: datetime
     source_lane_key: str | None
     target_lane_key: str | None
-    payload: Any = None
+    # the event payload's JSON text as the database returns it (None: claimed without payloads),
+    # so a handler that validates it from JSON reads it once
+    payload_json: str | None = None
     lease_lost: LeaseFlag = field(default_factory=LeaseFlag, compare=False, repr=False)
     # 'event' when the Event path runs it: `token` is then the scheduler lease's token
     claim_path: str = WORK_ITEM_PATH
@@ -169,6 +172,11 @@ class ClaimedItem:
     @property
     def fence(self) -> tuple[int, int]:
         return (self.work_id, self.token)
+
+    @property
+    def payload(self) -> Any:
+        """The event payload, parsed from `payload_json` on each access."""
+        return None if self.payload_json is None else json.loads(self.payload_json)
 
 
 @dataclass(frozen=True, slots=True)
@@ -459,7 +467,7 @@ def claim_sql(
         type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
         payload_from=", connector_outbox_events e" if with_payload else "",
         payload_join="\n   AND e.event_id = w.event_id" if with_payload else "",
-        payload_col=", e.payload" if with_payload else "",
+        payload_col=", e.payload::text" if with_payload else "",
     )
 
 
@@ -555,7 +563,7 @@ def _claimed(rows: list[tuple], with_payload: bool) -> list[ClaimedItem]:
             lease_until=r[10],
             source_lane_key=r[11],
             target_lane_key=r[12],
-            payload=r[13] if with_payload else None,
+            payload_json=r[13] if with_payload else None,
         )
         for r in rows
         if r[0] is not None

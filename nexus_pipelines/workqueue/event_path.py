@@ -93,7 +93,7 @@ UPDATE event_executions x
   FROM next, connector_outbox_events e
  WHERE x.work_id = next.work_id AND e.event_id = x.event_id
 RETURNING x.work_id, x.event_id, x.work_type, x.queue_class, x.attempts, x.max_attempts, x.source_lane_key,
-          x.target_lane_key, x.rollback_fence_id, e.payload, (SELECT expires_at FROM lease)
+          x.target_lane_key, x.rollback_fence_id, e.payload::text, (SELECT expires_at FROM lease)
 """
 
 # Locks an execution still held by `token` under the current lease (or, for a takeover,
@@ -255,7 +255,7 @@ class EventExecutor:
             work_id=work_id, token=self._lease.token, event_id=event_id, registration_id=self._reg,
             revision=self._rev, work_type=work_type, queue_class=queue_class, attempts=attempts,
             max_attempts=max_attempts, lease_owner=self.report.worker_id, lease_until=lease_until,
-            source_lane_key=source_lane, target_lane_key=target_lane, payload=payload, claim_path=EVENT_PATH,
+            source_lane_key=source_lane, target_lane_key=target_lane, payload_json=payload, claim_path=EVENT_PATH,
         )
         return item, fence
 

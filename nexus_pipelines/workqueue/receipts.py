@@ -285,6 +285,19 @@ class WorkSpec:
     priority: int = 0
 
 
+class _ReceiptBody:
+    """The payload of an event that is its receipt's body snapshot as stored (`RECEIPT_BODY`)."""
+
+    def __repr__(self) -> str:
+        return "RECEIPT_BODY"
+
+
+# An event payload that is the receipt's own body: the events statement copies the stored body
+# and its hash from the receipt row, so a route that passes a body on never parses or
+# serializes it (a receipt that holds its body by reference cannot be routed so).
+RECEIPT_BODY = _ReceiptBody()
+
+
 @dataclass(frozen=True)
 class EventSpec:
     source_kind: str
@@ -307,13 +320,18 @@ class ClaimedReceipt:
     delivery_id: str
     route_key: str
     event_kind: str | None
-    body: Any
+    body_json: str | None  # the body snapshot's JSON text as the database returns it
     body_ref: str | None
     payload_hash: str
     correlation: Mapping[str, str]
     attempts: int
     max_attempts: int
     lease_until: datetime
+
+    @property
+    def body(self) -> Any:
+        """The body snapshot, parsed from `body_json` on each access (None for a body reference)."""
+        return None if self.body_json is None else json.loads(self.body_json)
 
 
 @dataclass(frozen=True)
@@ -360,7 +378,7 @@ UPDATE ingress_receipts r
  WHERE r.receipt_id = due.receipt_id
    AND r.router_token IS NOT DISTINCT FROM due.router_token
 RETURNING r.receipt_id, r.router_token, r.registration_id, r.revision, r.namespace, r.delivery_id, r.route_key,
-          r.event_kind, r.body, r.body_ref, r.payload_hash, r.correlation, r.routing_attempts,
+          r.event_kind, r.body::text, r.body_ref, r.payload_hash, r.correlation, r.routing_attempts,
           r.max_routing_attempts, r.router_lease_until, r.routing_status
 """
 
@@ -377,7 +395,7 @@ def claim_receipts(conn: Connection, *, owner: str, limit: int, lease_ttl: timed
     return [
         ClaimedReceipt(
             receipt_id=r[0], token=r[1], registration_id=r[2], revision=r[3], namespace=r[4], delivery_id=r[5],
-            route_key=r[6], event_kind=r[7], body=r[8], body_ref=r[9], payload_hash=r[10], correlation=r[11],
+            route_key=r[6], event_kind=r[7], body_json=r[8], body_ref=r[9], payload_hash=r[10], correlation=r[11],
             attempts=r[12], max_attempts=r[13], lease_until=r[14],
         )
         for r in rows
@@ -445,18 +463,23 @@ _INSERT_EXECUTIONS = _WORK_ROWS.format(
 )
 
 # One JSON document for the batch's events, for the reason `_ADMIT_MANY` gives: each payload
-# is serialized once (its canonical form, also hashed) and spliced in as it is.
+# is serialized once (its canonical form, also hashed) and spliced in as it is, and a
+# `RECEIPT_BODY` payload is the receipt's stored body and hash (one primary-key probe each;
+# the receipts are locked by this transaction).
 _INSERT_EVENTS = """
 INSERT INTO connector_outbox_events (receipt_id, registration_id, revision, route_id, route_version, source_kind,
                                      source_id, idempotency_key, delivery_seq, payload_hash, payload, parse_outcome,
                                      companion, correlation)
 SELECT d.receipt_id, d.registration_id, d.revision, d.route_id, d.route_version, d.source_kind, d.source_id,
-       d.idempotency_key, d.seq, d.payload_hash, d.payload, d.parse_outcome, d.companion, d.correlation
+       d.idempotency_key, d.seq, coalesce(d.payload_hash, b.payload_hash), CASE WHEN d.from_receipt THEN b.body
+       ELSE d.payload END, d.parse_outcome, d.companion, d.correlation
   FROM ROWS FROM (jsonb_to_recordset(%(rows)s::jsonb)
        AS (receipt_id bigint, registration_id text, revision int, route_id text, route_version int, source_kind text,
-           source_id text, idempotency_key text, seq int, payload_hash text, payload jsonb, parse_outcome text,
-           companion jsonb, correlation jsonb))
+           source_id text, idempotency_key text, seq int, payload_hash text, payload jsonb, from_receipt boolean,
+           parse_outcome text, companion jsonb, correlation jsonb))
        WITH ORDINALITY AS d
+  LEFT JOIN LATERAL (SELECT r.body, r.payload_hash FROM ingress_receipts r
+                      WHERE d.from_receipt AND r.receipt_id = d.receipt_id) b ON true
  ORDER BY d.ordinality
 ON CONFLICT (registration_id, idempotency_key) DO NOTHING
 """
@@ -498,14 +521,15 @@ def _stored_json(value: Any) -> str:
 
 def _event_rows(p: PlannedReceipt) -> Iterable[str]:
     for seq, e in enumerate(p.events):
-        payload = _stored_json(e.payload)
+        from_receipt = e.payload is RECEIPT_BODY
+        payload = "null" if from_receipt else _stored_json(e.payload)
         companion = "null" if e.companion is None else _stored_json(e.companion)
         fields = json.dumps({
             "receipt_id": p.receipt_id, "registration_id": p.registration_id, "revision": p.revision,
             "route_id": p.route_id, "route_version": p.route_version, "source_kind": e.source_kind,
             "source_id": e.source_id, "idempotency_key": e.idempotency_key, "seq": seq,
-            "payload_hash": payload_hash(e.payload, payload), "parse_outcome": e.parse_outcome,
-            "correlation": dict(e.correlation)})
+            "payload_hash": None if from_receipt else payload_hash(e.payload, payload), "from_receipt": from_receipt,
+            "parse_outcome": e.parse_outcome, "correlation": dict(e.correlation)})
         yield f'{fields[:-1]},"payload":{payload},"companion":{companion}}}'
 
 
@@ -607,6 +631,8 @@ def plan(receipt: ClaimedReceipt, routes: RouteTable) -> PlannedReceipt:
 
 
 def _planned(receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> PlannedReceipt:
+    if receipt.body_json is None and any(e.payload is RECEIPT_BODY for e in events):
+        raise RoutingRejected("the route passes the receipt's body on, but the receipt holds its body by reference")
     return PlannedReceipt(receipt.receipt_id, receipt.registration_id, receipt.revision, route.route_id,
                           route.version, events)
 

@@ -213,3 +213,37 @@ def test_a_first_sync_drained_after_tickets_was_analyzed_empty_checks_new_ticket
         assert _tickets_seq_scans(one) - before == 0
     finally:
         one.close()
+
+
+def _stored(conn, registration):
+    return conn.execute(
+        """SELECT t.title, t.description, t.labels, t.source_state, t.source_updated_at, t.source_digest,
+                  l.connector_kind, l.display_url,
+                  (SELECT o.issue FROM ticket_observations o WHERE o.ticket_id = t.ticket_id
+                    ORDER BY o.observation_id DESC LIMIT 1)
+             FROM tickets t JOIN ticket_custody_links l USING (ticket_id)
+            WHERE l.tenant = %s AND l.registration_key = %s""",
+        (registration.tenant, registration.key)).fetchone()
+
+
+def _expected(observation: Observation) -> tuple:
+    issue = observation.issue
+    return (issue.title, issue.description, observation.labels, issue.external_state, issue.external_updated_at,
+            observation.digest, issue.connector_kind, issue.display_url, issue.model_dump(mode="json"))
+
+
+def test_a_ticket_and_its_observation_hold_the_fields_of_the_version_exactly_when_created_and_updated(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, _, (item,) = _claimed(plant, "batch-fields", 1)
+    text = {"title": 'Überweisung "fällig" \\ 東京', "description": "line one\nline\ttwo \\u0041 \U0001F600"}
+    created = _observation(item, **text, external_updated_at="2026-03-01T12:30:45.123456+02:00")
+    updated = _observation(item, title="Zweite Fassung ✓", description="", external_state="closed",
+                           external_updated_at="2026-03-01T11:00:00.5-00:30")
+    with pool.connection() as conn, conn.transaction():
+        assert apply_observations(conn, [created])[0].outcome == "created"
+    with pool.connection() as conn:
+        assert _stored(conn, registration) == _expected(created)
+    with pool.connection() as conn, conn.transaction():
+        assert apply_observations(conn, [updated])[0].outcome == "updated"
+    with pool.connection() as conn:
+        assert _stored(conn, registration) == _expected(updated)

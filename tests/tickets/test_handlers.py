@@ -57,7 +57,8 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
     registration, item = _claimed_observation(plant, pool, "digest-mismatch")
     tampered = dict(item.payload)
     tampered["issue"] = {**tampered["issue"], "title": "changed after the digest was taken"}
-    forged = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__}, "payload": tampered})
+    forged = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
+                           "payload_json": json.dumps(tampered)})
     try:
         plant.handlers.observe(forged)
         raised = False
@@ -65,7 +66,7 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
         raised = "does not match its source digest" in str(exc)
     assert raised
     broken = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
-                           "payload": {"issue": json.loads('{"title": 1}'), "digest": "x"}})
+                           "payload_json": '{"issue": {"title": 1}, "digest": "x"}'})
     try:
         plant.handlers.observe(broken)
         raised = False
@@ -74,6 +75,41 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
     assert raised
     with pool.connection() as conn:
         assert counts(conn, registration)["tickets"] == 0
+
+
+def test_an_observation_on_a_lane_that_is_not_its_issue_creates_nothing(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration, item = _claimed_observation(plant, pool, "lane-mismatch")
+    moved = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
+                          "source_lane_key": "gitlab:1:999"})
+    try:
+        plant.handlers.observe(moved)
+        raised = False
+    except PermanentError as exc:
+        raised = "its source lane is not the issue it carries" in str(exc)
+    assert raised
+    with pool.connection() as conn:
+        assert counts(conn, registration)["tickets"] == 0
+
+
+def test_an_observation_receipt_that_names_no_issue_in_its_correlation_fails_alone(pool):
+    plant = Plant(GitLabWorld(), pool)
+    registration = plant.world.registration(key="no-correlation")
+    plant.activate(registration)
+    plant.world.add_issues(2)
+    plant.poll([registration])
+    with pool.connection() as conn:
+        (bare,) = conn.execute(
+            """UPDATE ingress_receipts SET correlation = correlation - 'external_ref'
+                WHERE receipt_id = (SELECT min(receipt_id) FROM ingress_receipts WHERE registration_id = %s)
+            RETURNING receipt_id""", (registration.registration_id,)).fetchone()
+    plant.route()
+    with pool.connection() as conn:
+        rows = dict(conn.execute(
+            "SELECT receipt_id, routing_status || ': ' || coalesce(routing_error, '') FROM ingress_receipts"
+            " WHERE registration_id = %s", (registration.registration_id,)).fetchall())
+    assert rows.pop(bare) == "failed: RoutingRejected: an observation receipt names no external_ref in its correlation"
+    assert list(rows.values()) == ["materialized: "]
 
 
 def test_an_issue_closed_at_the_source_changes_no_ticket_authority_and_closes_nothing(pool):

@@ -7,6 +7,7 @@ import pytest
 
 from nexus_pipelines.control.db import connect
 from nexus_pipelines.workqueue.receipts import (
+    RECEIPT_BODY,
     EventSpec,
     LeaseLostError,
     ReceiptIn,
@@ -182,6 +183,39 @@ def test_rejected_and_unknown_routes(control_conn, reg):
         ).fetchall()
     )
     assert rows == {a: "failed", b: "pending"}  # rejected is terminal; an unknown route is retried
+
+
+def _passes_the_body_on(r) -> list[EventSpec]:
+    return [EventSpec(source_kind="issue", source_id=r.delivery_id, idempotency_key=f"issue:{r.delivery_id}",
+                      payload=RECEIPT_BODY, work=[WorkSpec("ticket.observe")])]
+
+
+def test_an_event_that_passes_its_receipts_body_on_holds_that_body_and_hash_as_stored(control_conn, reg):
+    body = {"issue": "Überweisung 東京", "n": 1.5, "nested": {"b": [1, None, True], "a": "x\ny"}}
+    rid = admit_receipt(control_conn, ReceiptIn(
+        registration_id=reg, revision=1, namespace="tracker", delivery_id="d1", route_key="issues",
+        received_at=NOW, body=body)).receipt_id
+    report = route_receipts(control_conn, {"issues": Route("issues", 1, _passes_the_body_on)}, owner="r", limit=10)
+    assert report.materialized == 1
+    same = control_conn.execute(
+        """SELECT e.payload = r.body AND e.payload_hash = r.payload_hash, e.payload
+             FROM connector_outbox_events e JOIN ingress_receipts r USING (receipt_id) WHERE r.receipt_id = %s""",
+        (rid,)).fetchone()
+    assert same == (True, body)
+
+
+def test_a_receipt_holding_its_body_by_reference_cannot_pass_it_on_and_fails_alone(control_conn, reg):
+    by_ref = admit_receipt(control_conn, ReceiptIn(
+        registration_id=reg, revision=1, namespace="tracker", delivery_id="d1", route_key="issues",
+        received_at=NOW, body_ref="s3://bucket/d1")).receipt_id
+    snapshot = admit_receipt(control_conn, receipt(reg, "d2")).receipt_id
+    route_receipts(control_conn, {"issues": Route("issues", 1, _passes_the_body_on)}, owner="r", limit=10,
+                   policy=FAST)
+    rows = dict(control_conn.execute(
+        "SELECT receipt_id, routing_status || ': ' || coalesce(routing_error, '') FROM ingress_receipts"
+        " WHERE receipt_id = ANY(%s)", ([by_ref, snapshot],)).fetchall())
+    assert rows[snapshot] == "materialized: "
+    assert rows[by_ref].startswith("failed: ") and "by reference" in rows[by_ref]
 
 
 def test_router_that_keeps_dying_reaches_terminal_failure(control_conn, reg):
