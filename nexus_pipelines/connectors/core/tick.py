@@ -218,24 +218,22 @@ class IssueVersions:
     def __init__(self, registration: Registration) -> None:
         self._registration = registration
         shared = {"revision_id": registration.revision_id, "project": registration.project}
-        # the body's canonical JSON with a hole for each entry of its own, in key order
-        self._parts = canonical_json_with(shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE)
+        # the body's canonical JSON with a hole for each entry of its own (digest, issue, labels)
+        self._parts = tuple(canonical_json_with(shared, digest=_HOLE, issue=_HOLE, labels=_HOLE).split(_HOLE))
         self._labels: dict[tuple[str, ...], str] = {}  # the mapped labels' canonical JSON by label set
 
     def __call__(self, issue: ExternalIssue) -> store.IssueVersion:
         form = canonical_form(issue)
-        digest = digest_of(form)
+        digest = digest_of(form)  # "sha256:" and hex digits: its JSON is itself in quotes
         # the issue is serialized once: the digest's form is its canonical JSON too when it is all ASCII
         body_form = form if form.isascii() else canonical_json(issue.model_dump(mode="json"))
-        entries = (canonical_json(digest), body_form, self._labels_json(issue.source_labels))
-        head, *after = self._parts
-        canonical = head + "".join(entry + part for entry, part in zip(entries, after, strict=True))
-        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest, canonical)
-
-    def _labels_json(self, source_labels: tuple[str, ...]) -> str:
-        if source_labels not in self._labels:
-            self._labels[source_labels] = canonical_json(list(self._registration.map_labels(source_labels)))
-        return self._labels[source_labels]
+        labels = self._labels.get(issue.source_labels)
+        if labels is None:
+            labels = self._labels[issue.source_labels] = canonical_json(
+                list(self._registration.map_labels(issue.source_labels)))
+        opening, after_digest, after_issue, closing = self._parts
+        return store.IssueVersion(issue.external_ref, issue.external_updated_at, digest,
+                                  f'{opening}"{digest}"{after_digest}{body_form}{after_issue}{labels}{closing}')
 
 
 def _fail(conn: Connection, claim: store.PollClaim, report: TickReport, retry_class: str, reason: str, detail: str,
