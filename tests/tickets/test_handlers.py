@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import timedelta
+
+import pytest
 
 from nexus_pipelines.workqueue import claims
 from nexus_pipelines.workqueue.handlers import PermanentError
@@ -52,27 +55,21 @@ def test_a_holder_whose_item_was_reclaimed_writes_no_ticket_and_the_new_holder_d
         assert counts(conn, registration)["tickets"] == 1
 
 
+def _refusal(plant, item, **changes) -> str:
+    """What the observe handler refuses a copy of `item` with `changes` for."""
+    with pytest.raises(PermanentError) as refused:
+        plant.handlers.observe(dataclasses.replace(item, **changes))
+    return str(refused.value)
+
+
 def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(pool):
     plant = Plant(GitLabWorld(), pool)
     registration, item = _claimed_observation(plant, pool, "digest-mismatch")
     tampered = dict(item.payload)
     tampered["issue"] = {**tampered["issue"], "title": "changed after the digest was taken"}
-    forged = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
-                           "payload_json": json.dumps(tampered)})
-    try:
-        plant.handlers.observe(forged)
-        raised = False
-    except PermanentError as exc:
-        raised = "does not match its source digest" in str(exc)
-    assert raised
-    broken = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
-                           "payload_json": '{"issue": {"title": 1}, "digest": "x"}'})
-    try:
-        plant.handlers.observe(broken)
-        raised = False
-    except PermanentError as exc:
-        raised = "carries no valid issue" in str(exc)
-    assert raised
+    assert "does not match its source digest" in _refusal(plant, item, payload_json=json.dumps(tampered))
+    broken = '{"issue": {"title": 1}, "digest": "x"}'
+    assert "carries no valid issue" in _refusal(plant, item, payload_json=broken)
     with pool.connection() as conn:
         assert counts(conn, registration)["tickets"] == 0
 
@@ -80,14 +77,7 @@ def test_an_observation_whose_issue_does_not_match_its_digest_creates_nothing(po
 def test_an_observation_on_a_lane_that_is_not_its_issue_creates_nothing(pool):
     plant = Plant(GitLabWorld(), pool)
     registration, item = _claimed_observation(plant, pool, "lane-mismatch")
-    moved = type(item)(**{**{f: getattr(item, f) for f in item.__dataclass_fields__},
-                          "source_lane_key": "gitlab:1:999"})
-    try:
-        plant.handlers.observe(moved)
-        raised = False
-    except PermanentError as exc:
-        raised = "its source lane is not the issue it carries" in str(exc)
-    assert raised
+    assert "its source lane is not the issue it carries" in _refusal(plant, item, source_lane_key="gitlab:1:999")
     with pool.connection() as conn:
         assert counts(conn, registration)["tickets"] == 0
 
