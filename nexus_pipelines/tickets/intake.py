@@ -19,7 +19,7 @@ A drain applies a batch of versions with a few set-based statements in one trans
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from psycopg import Connection
@@ -130,7 +130,7 @@ def _row(n: int, o: Observation) -> str:
     return f'{head[:-1]},"issue":{o.issue_json}}}'
 
 
-def _document(rows) -> str:
+def _document(rows: Iterable[str]) -> str:
     return "[" + ",".join(rows) + "]"
 
 
