@@ -19,12 +19,13 @@ A drain applies a batch of versions with a few set-based statements in one trans
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from psycopg import Connection
 
 from nexus_pipelines.connectors.core.values import ExternalIssue, canonical_form
+from nexus_pipelines.workqueue.receipts import json_array
 
 INTAKE_ACTOR = "system:intake"
 DEFAULT_PRIORITY = "P2"
@@ -106,7 +107,7 @@ def _rounds(observations: Sequence[Observation]) -> list[list[int]]:
 def _apply_round(conn: Connection, batch: list[tuple[int, Observation]], results: list) -> None:
     rows = {n: _row(n, o) for n, o in batch}
     known = []
-    for idx, ticket_id, created in conn.execute(_CREATE, {"rows": _document(rows.values()),
+    for idx, ticket_id, created in conn.execute(_CREATE, {"rows": json_array(rows.values()),
                                                           "priority": DEFAULT_PRIORITY, "actor": INTAKE_ACTOR}):
         if created:
             results[idx] = IntakeResult("created", ticket_id)
@@ -115,7 +116,7 @@ def _apply_round(conn: Connection, batch: list[tuple[int, Observation]], results
     if not known:
         return
     known.sort()
-    document = _document(f'{rows[idx][:-1]},"ticket_id":{ticket_id}}}' for idx, ticket_id in known)
+    document = json_array(f'{rows[idx][:-1]},"ticket_id":{ticket_id}}}' for idx, ticket_id in known)
     observed = {idx: updated for idx, updated in conn.execute(_OBSERVE, {"rows": document})}
     for idx, ticket_id in known:
         outcome = "unchanged" if idx not in observed else ("updated" if observed[idx] else "stale")
@@ -128,10 +129,6 @@ def _row(n: int, o: Observation) -> str:
                        "project": o.project, "labels": o.labels, "digest": o.digest, "work_id": o.work_id,
                        "work_token": o.work_token})
     return f'{head[:-1]},"issue":{o.issue_json}}}'
-
-
-def _document(rows: Iterable[str]) -> str:
-    return "[" + ",".join(rows) + "]"
 
 
 # One JSON document per round (as the poll admits receipts): each version's custody key, labels,

@@ -188,7 +188,7 @@ def admit_receipts(conn: Connection, receipts: Sequence[ReceiptIn]) -> list[str]
     if any(r.body is None for r in receipts):
         raise ValueError("admit_receipts takes body snapshots only; use admit_receipt for body references")
     strings = _Strings()
-    return [row[0] for row in send_page(conn, _document([_row(_shared(r), r.delivery_id, r.received_at,
+    return [row[0] for row in send_page(conn, json_array([_row(_shared(r), r.delivery_id, r.received_at,
                                                                  r.correlation, r.canonical_body, strings)
                                                             for r in receipts]))]
 
@@ -234,7 +234,7 @@ def page_document(source: ReceiptSource, deliveries: Sequence[Delivery]) -> str 
     if not deliveries:
         return None
     shared, strings = _shared(source), _Strings()
-    return _document([_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body, strings)
+    return json_array([_row(shared, d.delivery_id, d.received_at, d.correlation, d.canonical_body, strings)
                       for d in deliveries])
 
 
@@ -268,7 +268,8 @@ def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapp
             f'"correlation":{{{fields}}},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
 
 
-def _document(rows: list[str]) -> str:
+def json_array(rows: Iterable[str]) -> str:
+    """The JSON array of values that are each already JSON text (a statement's one document)."""
     return "[" + ",".join(rows) + "]"
 
 
@@ -534,7 +535,7 @@ def _event_rows(p: PlannedReceipt) -> Iterable[str]:
 
 
 def _event_document(planned: Sequence[PlannedReceipt]) -> str:
-    return "[" + ",".join(row for p in planned for row in p.event_rows) + "]"
+    return json_array(row for p in planned for row in p.event_rows)
 
 
 def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt]) -> tuple[list[list[int]], int]:
