@@ -72,6 +72,26 @@ def test_keyset_pages_link_next_only_and_refuse_unsupported_orders(state, client
     assert refused.status_code == 405
 
 
+
+def _keyset_walk(client, **params) -> list[int]:
+    """Every iid a keyset walk returns, page by page, following each page's next link."""
+    iids, response = [], client.get("/projects/1/issues", params={"pagination": "keyset", "per_page": 3, **params})
+    while True:
+        iids += [i["iid"] for i in response.json()]
+        if 'rel="next"' not in response.headers.get("Link", ""):
+            return iids
+        response = client.get(response.headers["Link"].split(";")[0].strip("<>"))
+
+
+@pytest.mark.parametrize("sort", ["asc", "desc"])
+def test_a_keyset_walk_returns_each_matching_issue_once_in_order_past_the_cursor(state, client, sort):
+    seed(state, 10)
+    for iid in (2, 5, 9):  # filtered out by state=opened wherever the cursor stands
+        state.update_issue(1, iid, updated_at=START + timedelta(milliseconds=iid - 1), state="closed")
+    walked = _keyset_walk(client, order_by="updated_at", sort=sort, state="opened")
+    expected = [1, 3, 4, 6, 7, 8, 10]
+    assert walked == (expected if sort == "asc" else expected[::-1])
+
 def test_without_keyset_for_issues_pagination_keyset_is_ignored_and_offset_pages_come_back(state, client):
     state.keyset_for_issues = False
     seed(state, 5, step_ms=60_000)

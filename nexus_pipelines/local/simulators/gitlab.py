@@ -21,6 +21,7 @@ in the next page. Timestamps have millisecond precision, as GitLab's do.
 from __future__ import annotations
 
 import base64
+import bisect
 import email.utils
 import itertools
 import json
@@ -396,27 +397,30 @@ class GitLabSimulator(Simulator):
         if per_page is None:
             return _bad_param("per_page")
         key = (lambda i: (getattr(i, order_by) if order_by in ("created_at", "updated_at", "title") else i.id, i.id))
-        issues = [i for i in project.issues.values() if _matches(i, state_filter, issue_type, bounds)]
-        issues.sort(key=key, reverse=sort == "desc")
+        ordered = sorted(project.issues.values(), key=key, reverse=sort == "desc")
+        matches = (lambda i: _matches(i, state_filter, issue_type, bounds))
         base = f"{request.base_url}{request.path}"
         if request.param("pagination") == "keyset":
             if order_by not in KEYSET_ORDERS or (not self.state.keyset_for_issues and self.state.keyset_refused_with_405):
                 return SimResponse.json(405, {"error": "Keyset pagination is not yet available for this type of "
                                                        "request"})
             if self.state.keyset_for_issues:
-                return self._keyset_page(request, project, issues, key, sort, per_page, base)
-        return self._offset_page(request, project, issues, per_page, base)
+                return self._keyset_page(request, project, ordered, matches, key, sort, per_page, base)
+        return self._offset_page(request, project, list(filter(matches, ordered)), per_page, base)
 
-    def _keyset_page(self, request, project, issues, key, sort, per_page, base) -> SimResponse:
+    def _keyset_page(self, request, project, ordered, matches, key, sort, per_page, base) -> SimResponse:
+        start = 0
         cursor = request.param("cursor")
         if cursor:
             position = _decode_cursor(cursor)
             if position is None:
                 return SimResponse.json(400, {"error": "cursor is invalid"})
-            after = [i for i in issues if (_cursor_key(key(i)) > position if sort == "asc"
-                                           else _cursor_key(key(i)) < position)]
-        else:
-            after = issues
+            # the first issue past the cursor in the listing's order (the position's key is
+            # monotone in it), so a page reads what it returns, not the whole project
+            past = ((lambda i: _cursor_key(key(i)) > position) if sort == "asc"
+                    else (lambda i: _cursor_key(key(i)) < position))
+            start = bisect.bisect_left(ordered, True, key=past)
+        after = list(itertools.islice(filter(matches, ordered[start:]), per_page + 1))
         page, more = after[:per_page], len(after) > per_page
         headers = {}
         if more and page:
