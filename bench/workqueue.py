@@ -18,12 +18,17 @@ machine, so a ratio of two medians taken at different times says little: use --r
 or more.
 Progress goes to stderr; the last line of stdout is one JSON object.
 
-Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): in each round, after
+Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): in each round, beside
 the systems' runs, nexus drains the same N items again with H more enqueued in front of
 them that all write one hot target lane (one running at a time); a round's slowdown is
 1 - (the other lanes' throughput with the hot lane) / (their throughput without it, the
 round's plain nexus run), both counted on the database clock from the first claim to the
 last other-lane item finishing, and `fairness_slowdown` is the median over the rounds.
+The hot run goes after the systems' runs in odd rounds and before them in even ones, so
+a drift over the rounds (a warming cache, a neighbour) favours neither side. Identical
+plain runs differ by nearly a factor of two (their claims read 36 to 78 shared buffers
+per item: how much of a walk passes over other drains' items varies from run to run), so
+the row needs --repeat 7 or more to tell a 10% slowdown from noise.
 
 --gates N times, each on N pending items with source and target lanes, in a database of
 its own: the rollback (claims disabled, then the fence transaction that fences every item
@@ -166,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list] = {system: [] for system in systems}
         fair, hot_runs = "nexus" in systems and args.hot_items > 0, []
         for k in range(args.repeat):
+            hot_first = fair and k % 2 == 1
+            if hot_first:
+                hot_runs.append(_hot_run(server_dsn, args, k))
             for system in systems:
                 log(f"{system}: run {k + 1}/{args.repeat}, {args.items} items, {args.workers} worker(s)")
                 run = run_once(system, server_dsn, args.items, args.workers, args.timeout, f"{os.getpid()}_{k}")
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     rate = f" after {run.jobs_per_s:,.0f} jobs/s ({run.wall_s:.2f}s)" if run.jobs_per_s else ""
                     log(f"{system}: FAILED{rate}: {run.error} effects={run.effects}/{run.distinct_effects} queue={run.queue}")
                 runs[system].append(run)
-            if fair:
+            if fair and not hot_first:
                 hot_runs.append(_hot_run(server_dsn, args, k))
         for system in systems:
             summaries[system] = summarize(system, runs[system])
