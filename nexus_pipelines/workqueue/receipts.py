@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from psycopg import Connection, Cursor
 from psycopg.types.json import Jsonb
@@ -538,12 +538,14 @@ def _event_document(planned: Sequence[PlannedReceipt]) -> str:
     return json_array(row for p in planned for row in p.event_rows)
 
 
-def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt]) -> tuple[list[list[int]], int]:
-    """Insert the receipts' events and their work items idempotently, in a few statements for the
-    whole batch; returns each receipt's event ids in spec order and how many work items were created."""
+def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt]) -> tuple[list[list[int]], dict[str, int]]:
+    """Insert the receipts' events and their work idempotently, in a few statements for the whole
+    batch; returns each receipt's event ids in spec order and how much work was created on each
+    claim path (work items, Event executions)."""
+    created = {WORK_ITEM_PATH: 0, EVENT_PATH: 0}
     events = [(p, e) for p in planned for e in p.events]
     if not events:
-        return [[] for _ in planned], 0
+        return [[] for _ in planned], created
     conn.execute(_INSERT_EVENTS, {"rows": _event_document(planned)})
     ids = [r[0] for r in conn.execute(
         _EVENT_IDS, ([p.registration_id for p, _ in events], [e.idempotency_key for _, e in events]))]
@@ -553,13 +555,12 @@ def _insert_events_and_work(conn: Connection, planned: Sequence[PlannedReceipt])
         at += len(p.events)
     work_rows = [(event_id, p, w) for event_id, (p, e) in zip(ids, events) for w in e.work]
     if not work_rows:
-        return event_ids, 0
+        return event_ids, created
     owners = _owners(conn, {(p.registration_id, p.revision) for _, p, _ in work_rows})
-    created = 0
     for path, sql in ((WORK_ITEM_PATH, _INSERT_WORK_ITEMS), (EVENT_PATH, _INSERT_EXECUTIONS)):
         rows = [r for r in work_rows if owners[(r[1].registration_id, r[1].revision)] == path]
         if rows:
-            created += conn.execute(sql, {
+            created[path] = conn.execute(sql, {
                 "events": [r[0] for r in rows], "regs": [r[1].registration_id for r in rows],
                 "revs": [r[1].revision for r in rows], "types": [r[2].work_type for r in rows],
                 "classes": [r[2].queue_class for r in rows], "max": [r[2].max_attempts for r in rows],
@@ -601,26 +602,29 @@ def hold_receipts(conn: Connection, claimed: Sequence[ClaimedReceipt]) -> set[in
     return {r[0] for r in conn.execute(_HOLD_RECEIPTS, ([f[0] for f in fences], [f[1] for f in fences]))}
 
 
-def materialize_batch(
-    conn: Connection, batch: Sequence[tuple[ClaimedReceipt, PlannedReceipt]]
-) -> dict[int, list[int]]:
+class Materialized(NamedTuple):
+    events: dict[int, list[int]]  # each materialized receipt's event ids
+    work_items: int = 0  # work items created (on the WorkItem path)
+
+
+def materialize_batch(conn: Connection, batch: Sequence[tuple[ClaimedReceipt, PlannedReceipt]]) -> Materialized:
     """Write events and work items for claimed receipts and mark them materialized, in one transaction.
 
     Each receipt is fenced by its own token: the receipts still held are locked first, and a
     receipt that is not (its lease ran out, another router took it) writes nothing and is
-    missing from the result, which maps each materialized receipt id to its event ids.
+    missing from the result's events, which map each materialized receipt id to its event ids.
     """
     with conn.transaction():
         held = hold_receipts(conn, [c for c, _ in batch])
         kept = [(c, p) for c, p in batch if c.receipt_id in held]
         if not kept:
-            return {}
-        event_ids, _ = _insert_events_and_work(conn, [p for _, p in kept])
+            return Materialized({})
+        event_ids, created = _insert_events_and_work(conn, [p for _, p in kept])
         conn.execute(_MARK_MATERIALIZED, {
             "receipts": [c.receipt_id for c, _ in kept], "tokens": [c.token for c, _ in kept],
             "event_ids": ["{" + ",".join(map(str, ids)) + "}" for ids in event_ids],
         })
-    return {c.receipt_id: ids for (c, _), ids in zip(kept, event_ids)}
+    return Materialized({c.receipt_id: ids for (c, _), ids in zip(kept, event_ids)}, created[WORK_ITEM_PATH])
 
 
 def plan(receipt: ClaimedReceipt, routes: RouteTable) -> PlannedReceipt:
@@ -641,7 +645,7 @@ def _planned(receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec])
 def materialize(conn: Connection, receipt: ClaimedReceipt, route: Route, events: Sequence[EventSpec]) -> list[int]:
     """`materialize_batch` for one receipt; raises LeaseLostError (and writes nothing) when the
     receipt is no longer held with `receipt.token`."""
-    done = materialize_batch(conn, [(receipt, _planned(receipt, route, events))])
+    done = materialize_batch(conn, [(receipt, _planned(receipt, route, events))]).events
     if receipt.receipt_id not in done:
         raise LeaseLostError(f"receipt {receipt.receipt_id} is no longer held with token {receipt.token}")
     return done[receipt.receipt_id]
@@ -677,6 +681,7 @@ class RouterReport:
     claimed: int = 0
     materialized: int = 0
     events: int = 0
+    work_items: int = 0  # created on the WorkItem path
     retried: int = 0
     failed: int = 0
     lost: int = 0
@@ -727,7 +732,9 @@ def route_until_idle(
     The next batch is claimed and planned on one connection while the last one is
     materialized on another, so the router's own work (reading bodies, planning and
     serializing events) runs while the database writes. A batch is materialized only once
-    the one before it committed, so events and work items are created in claim order."""
+    the one before it committed, so events and work items are created in claim order. A run that
+    created more work items than the table's statistics know of analyzes it before it returns
+    (`_refresh_outgrown_statistics`)."""
     total, claimed = RouterReport(), 0
     deadline = None if time_budget_s is None else time.monotonic() + time_budget_s
     with pool.connection() as claimer, pool.connection() as writer, \
@@ -745,7 +752,26 @@ def route_until_idle(
             claimed += planned.report.claimed
         if writing is not None:
             total.add(writing.result())
+        if total.work_items:
+            _refresh_outgrown_statistics(writer, total.work_items)
     return total
+
+
+# Statistics taken while the table was empty (or never) make the planner cost it at a row or
+# two, whatever it holds now, and the claim's lane probes then tie between indexes: one tie
+# reads the registration's whole backlog in every probe of every claim (a first sync of 10,000
+# Jira issues drained at a fifth of its speed). PostgreSQL advises ANALYZE after a bulk load;
+# autovacuum would analyze too, but up to a naptime later, while the drains already run.
+_OUTGROWN = "SELECT reltuples < %s FROM pg_class WHERE oid = 'connector_work_items'::regclass"
+
+
+def _refresh_outgrown_statistics(conn: Connection, created: int) -> bool:
+    """Analyze the work items when `created` new ones outnumber the rows its statistics count
+    (never analyzed counts as none); True when it did. One catalog read otherwise."""
+    (outgrown,) = conn.execute(_OUTGROWN, (created,)).fetchone()
+    if outgrown:
+        conn.execute("ANALYZE connector_work_items")
+    return outgrown
 
 
 @dataclass
@@ -773,19 +799,21 @@ class _PlannedBatch:
         batch's whole report, `claimed` included."""
         failed: set[int] = set()
         try:
-            done = materialize_batch(conn, self.planned) if self.planned else {}
+            done = [materialize_batch(conn, self.planned)] if self.planned else []
         except Exception:  # noqa: BLE001 - some receipt's rows broke the batch: find which, one at a time
-            done = {}
+            done = []
             for one in self.planned:
                 try:
-                    done.update(materialize_batch(conn, [one]))
+                    done.append(materialize_batch(conn, [one]))
                 except Exception as exc:  # noqa: BLE001
                     failed.add(one[0].receipt_id)
                     self.fail(conn, one[0], exc)
+        self.report.work_items += sum(m.work_items for m in done)
+        events = {receipt_id: ids for m in done for receipt_id, ids in m.events.items()}
         for receipt, _ in self.planned:
-            if receipt.receipt_id in done:
+            if receipt.receipt_id in events:
                 self.report.materialized += 1
-                self.report.events += len(done[receipt.receipt_id])
+                self.report.events += len(events[receipt.receipt_id])
             elif receipt.receipt_id not in failed:
                 self.report.lost += 1
         return self.report
@@ -866,7 +894,7 @@ def enqueue_work_items(
                     for i in batch
                 ],
             )])
-            created += made
+            created += sum(made.values())
             conn.execute(
                 "UPDATE ingress_receipts SET enqueued_event_ids = ARRAY(SELECT event_id FROM connector_outbox_events"
                 " WHERE receipt_id = %s ORDER BY event_id) WHERE receipt_id = %s",
