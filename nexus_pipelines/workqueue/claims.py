@@ -453,6 +453,13 @@ SELECT count(*) FROM park
 
 _CLAIM_PARTS = {"walk": _CLAIM, "park": _PARK}
 
+# The work type test as a filter the walk's index scan applies, never an index condition of its
+# own: as `work_type = ANY(...)`, statistics that had not yet seen a type (its first burst,
+# analyzed before it arrived) made the type look like a row or two, and the planner drove the
+# walk from the (event_id, work_type) unique index (a skip scan over event ids), reading and
+# sorting every item of the type on every claim, finished or not.
+_TYPE_FILTER = "AND array_position(%(types)s::text[], w.work_type) IS NOT NULL"
+
 
 def claim_sql(
     *, queue_classes: bool = False, work_types: bool = False, registrations: bool = False, with_payload: bool = True,
@@ -464,7 +471,7 @@ def claim_sql(
         lock="FOR KEY SHARE OF g" if part == "park" else "",
         gen_filter="AND g.registration_id = ANY(%(registrations)s::text[])" if registrations else "",
         class_filter="AND w.queue_class = ANY(%(classes)s::text[])" if queue_classes else "",
-        type_filter="AND w.work_type = ANY(%(types)s::text[])" if work_types else "",
+        type_filter=_TYPE_FILTER if work_types else "",
         payload_from=", connector_outbox_events e" if with_payload else "",
         payload_join="\n   AND e.event_id = w.event_id" if with_payload else "",
         payload_col=", e.payload::text" if with_payload else "",
