@@ -757,10 +757,10 @@ def route_until_idle(
     return total
 
 
-# Statistics taken while the table was empty (or never) make the planner cost it at a row or
-# two, whatever it holds now, and the claim's lane probes then tie between indexes: one tie
+# Statistics taken while the table was empty make the planner cost it at a row or two,
+# whatever it holds now, and the claim's lane probes then tie between indexes: one tie
 # reads the registration's whole backlog in every probe of every claim (a first sync of 10,000
-# Jira issues drained at a fifth of its speed). PostgreSQL advises ANALYZE after a bulk load;
+# Jira issues drained at a sixth of its speed). PostgreSQL advises ANALYZE after a bulk load;
 # autovacuum would analyze too, but up to a naptime later, while the drains already run.
 _OUTGROWN = "SELECT reltuples < %s FROM pg_class WHERE oid = 'connector_work_items'::regclass"
 
