@@ -765,13 +765,12 @@ def route_until_idle(
 _OUTGROWN = "SELECT reltuples < %s FROM pg_class WHERE oid = 'connector_work_items'::regclass"
 
 
-def _refresh_outgrown_statistics(conn: Connection, created: int) -> bool:
+def _refresh_outgrown_statistics(conn: Connection, created: int) -> None:
     """Analyze the work items when `created` new ones outnumber the rows its statistics count
-    (never analyzed counts as none); True when it did. One catalog read otherwise."""
+    (never analyzed counts as none); one catalog read otherwise."""
     (outgrown,) = conn.execute(_OUTGROWN, (created,)).fetchone()
     if outgrown:
         conn.execute("ANALYZE connector_work_items")
-    return outgrown
 
 
 @dataclass
