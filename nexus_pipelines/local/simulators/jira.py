@@ -31,14 +31,17 @@ own workflow, so transition ids differ between types. A site has several sub-tas
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import hmac
 import itertools
 import json
+import operator
 import re
 import secrets
 import threading
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -567,25 +570,21 @@ class JiraSimulator(Simulator):
             return _error(400, "maxResults must be a number between 1 and 5000.")
         size = min(size, MAX_FIELDS_PAGE if fields - {"id", "key"} else MAX_IDS_PAGE)
         zone = ZoneInfo(account.time_zone)
-        order = [*query.order, *([] if ("id", False) in query.order else [("id", False)])]
-
-        def position(issue: Issue) -> list[int]:
-            return [_sort_value(issue, name) * (-1 if descending else 1) for name, descending in order]
-
+        position = _position([*query.order, *([] if ("id", False) in query.order else [("id", False)])])
         now = self.state.clock.now()
+        matches = _matcher(query, zone)
         matching = sorted((i for (s, _), i in self.state.issues.items() if s == site and i.project_id == project.id
-                           and self.state.searchable(s, i, now) and _matches(i, query, zone)), key=position)
+                           and matches(i) and self.state.searchable(s, i, now)), key=position)
         after, offset = matching, 0
         token = request.param("nextPageToken")
         if token is not None:
             start = self.state.read_page_token(token, jql)
             if isinstance(start, str):
                 return _error(400, start)
-            if self.state.offset_page_tokens:
-                offset = start[0]
-                after = matching[offset:]
-            else:
-                after = [i for i in matching if position(i) > start]
+            # an offset token counts from the front of the results as they are now; a keyset
+            # token reads on from the last position served (positions are unique: id breaks ties)
+            offset = start[0] if self.state.offset_page_tokens else bisect.bisect_right(matching, start, key=position)
+            after = matching[offset:]
         page, more = after[:size], len(after) > size
         body: dict[str, Any] = {"issues": [render.issue(i, fields) for i in page], "isLast": not more}
         if more:
@@ -669,25 +668,40 @@ def _int(value: str | None, default: int) -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def _sort_value(issue: Issue, name: str) -> int:
-    if name == "updated":
-        return round(issue.updated.timestamp() * 1000)
-    if name == "created":
-        return round(issue.created.timestamp() * 1000)
-    if name == "key":
-        return issue.project_id * 10**9 + int(issue.key.rsplit("-", 1)[1])
-    return issue.id
+_SORT_VALUES: dict[str, Callable[[Issue], int]] = {
+    "updated": lambda issue: round(issue.updated.timestamp() * 1000),
+    "created": lambda issue: round(issue.created.timestamp() * 1000),
+    "key": lambda issue: issue.project_id * 10**9 + int(issue.key.rsplit("-", 1)[1]),
+    "id": operator.attrgetter("id"),
+}
 
 
-def _matches(issue: Issue, query: jira_jql.Query, zone: ZoneInfo) -> bool:
-    if query.issuetype is not None and query.issuetype != str(issue.issuetype):
-        return False
-    for bound in query.bounds:
-        value = issue.updated if bound.name == "updated" else issue.created
-        limit = bound.wall.replace(tzinfo=zone)  # fold 0: the earlier of an ambiguous wall time's instants
-        if not {">=": value >= limit, ">": value > limit, "<=": value <= limit, "<": value < limit}[bound.op]:
+def _position(order: list[tuple[str, bool]]) -> Callable[[Issue], list[int]]:
+    """An issue's place in a query's sort order: the values a keyset page token holds."""
+    values = [(_SORT_VALUES[name], -1 if descending else 1) for name, descending in order]
+    return lambda issue: [value(issue) * sign for value, sign in values]
+
+
+_COMPARE = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+
+
+def _matcher(query: jira_jql.Query, zone: ZoneInfo) -> Callable[[Issue], bool]:
+    """The query's filter as a test of one issue; its bounds are placed in the zone once per search."""
+    # fold 0: the earlier of an ambiguous wall time's instants; as a UTC instant, like the issues'
+    # times, so a comparison needs no zone lookup
+    bounds = [(operator.attrgetter(bound.name), _COMPARE[bound.op], bound.wall.replace(tzinfo=zone).astimezone(UTC))
+              for bound in query.bounds]
+    issuetype = query.issuetype
+
+    def matches(issue: Issue) -> bool:
+        if issuetype is not None and issuetype != str(issue.issuetype):
             return False
-    return True
+        for value_of, compare, limit in bounds:
+            if not compare(value_of(issue), limit):
+                return False
+        return True
+
+    return matches
 
 
 def _json_body(request: SimRequest, allowed: set[str]) -> tuple[dict[str, Any], SimResponse | None]:
