@@ -1,7 +1,7 @@
 """Work-queue throughput: nexus vs procrastinate vs pgqueuer vs a raw SKIP LOCKED loop;
 and, with --gates N, the time the rollback fence and the re-cutover take with N pending items.
 
-    python bench/workqueue.py --items 20000 --workers 4 [--repeat 3] [--systems nexus,raw_skip_locked]
+    python bench/workqueue.py --items 20000 --workers 4 [--repeat 3] [--systems nexus,raw_skip_locked,raw_lanes]
     python bench/workqueue.py --gates 100000 [--with-event-path]
 
 Each system drains N pre-enqueued no-op jobs with W spawned worker processes, in its own
@@ -13,7 +13,9 @@ Each run also reports its WAL bytes per item (the server's WAL position around t
 run, `bench/peers/common.py`). With both systems measured, `nexus_vs_raw` is nexus's
 throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`): the median,
 over the --repeat rounds, of each round's ratio (a round runs nexus, then raw, back to
-back). The raw loop's throughput swings by a factor of two between runs on a shared
+back). `nexus_vs_raw_lanes` is the same against plain SQL that keeps nexus's lane and fencing
+rules on the same workload (`bench/peers/raw_lanes.py`): what nexus adds to the cost of
+its rules, where `nexus_vs_raw` also counts what the rules themselves cost. The raw loop's throughput swings by a factor of two between runs on a shared
 machine, so a ratio of two medians taken at different times says little: use --repeat 3
 or more.
 Progress goes to stderr; the last line of stdout is one JSON object.
@@ -198,10 +200,13 @@ def main(argv: list[str] | None = None) -> int:
         detail = last["error"] or f"effects {last['effects']}/{last['distinct_effects']} distinct, queue {last['queue']}"
         wal = f"{s['wal_bytes_per_item']:>7,.0f} B WAL/item" if s["verified"] else ""
         print(f"  {system:<16} {rate}  {wal}  {detail}  options {s['options']}")
-    pair_ratios = _pair_ratios(runs, "nexus", "raw_skip_locked")
-    ratio = round(statistics.median(pair_ratios), 3) if pair_ratios else None
-    if ratio is not None:
-        print(f"  nexus_vs_raw {ratio:.3f} (median of the rounds' ratios {pair_ratios})")
+    ratios = {}
+    for baseline, name in (("raw_skip_locked", "nexus_vs_raw"), ("raw_lanes", "nexus_vs_raw_lanes")):
+        rounds = _pair_ratios(runs, "nexus", baseline)
+        ratios[name] = round(statistics.median(rounds), 3) if rounds else None
+        ratios[f"{name}_rounds"] = rounds
+        if rounds:
+            print(f"  {name} {ratios[name]:.3f} (median of the rounds' ratios {rounds})")
     if fairness is not None:
         print(f"  fairness: other lanes {fairness['other_lanes_items_per_s_without_hot']} items/s without, "
               f"{fairness['other_lanes_items_per_s_with_hot']} with {args.hot_items} hot-lane items: "
@@ -214,8 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         **{f"{system}_jobs_per_s": summaries[system]["jobs_per_s"] if system in summaries else None for system in DRIVERS},
         **{f"{system}_wall_s": summaries[system]["wall_s"] for system in summaries},
         **{f"{system}_wal_bytes_per_item": summaries[system]["wal_bytes_per_item"] for system in summaries},
-        "nexus_vs_raw": ratio,
-        "nexus_vs_raw_rounds": pair_ratios,
+        **ratios,
         "fairness_slowdown": fairness and fairness["fairness_slowdown"],
         "fairness": fairness,
         "verified": bool(summaries) and all(s["verified"] for s in summaries.values())

@@ -43,6 +43,7 @@ DRIVERS = {
     "procrastinate": "bench.peers.procrastinate_driver",
     "pgqueuer": "bench.peers.pgqueuer_driver",
     "raw_skip_locked": "bench.peers.raw_skip_locked",
+    "raw_lanes": "bench.peers.raw_lanes",
 }
 
 

@@ -59,7 +59,7 @@ OPTIONS = {
 }
 
 
-def _target_lane(i: int) -> str:
+def target_lane(i: int) -> str:
     """Source lane s(i % LANES) writes to a different target lane on each pass, so lanes cross."""
     return f"t{(7 * (i % LANES) + i // LANES) % LANES}"
 
@@ -70,7 +70,7 @@ HOT_LANE = "hot"
 def _work(i: int, hot: int) -> NewWork:
     if i < hot:
         return NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"h{i}", target_lane_key=HOT_LANE)
-    return NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"s{i % LANES}", target_lane_key=_target_lane(i))
+    return NewWork(f"bench-{i}", WORK_TYPE, source_lane_key=f"s{i % LANES}", target_lane_key=target_lane(i))
 
 
 def setup(dsn: str, n: int, hot: int = 0) -> None:
