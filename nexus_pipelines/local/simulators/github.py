@@ -48,6 +48,7 @@ Modelled on GitHub's documentation, and at least as strict for what the connecto
 from __future__ import annotations
 
 import base64
+import bisect
 import hashlib
 import itertools
 import json
@@ -665,14 +666,20 @@ class Endpoints:
         per_page = min(per_page, 100)
         rows = [i for i in self.repo.issues.values() if (state == "all" or i.state == state)
                 and (since is None or i.updated_at > since)]
-        rows.sort(key=lambda i: _position(i, sort), reverse=direction == "desc")
+        # in the order asked for: a descending walk is the ascending one over negated positions
+        sign = 1 if direction == "asc" else -1
+
+        def place(issue: Issue) -> tuple[int, int]:
+            return tuple(sign * value for value in _position(issue, sort))
+
+        rows.sort(key=place)
         after = param("after")  # present, even empty (the first cursor page): cursor pagination
         if after:
             position = _decode_position(after)
             if position is None:
                 return invalid("after")
-            ascending = direction == "asc"
-            rows = [i for i in rows if (_position(i, sort) > position if ascending else _position(i, sort) < position)]
+            # the rows past the cursor's position (positions are unique: the id breaks ties)
+            rows = rows[bisect.bisect_right(rows, tuple(sign * value for value in position), key=place):]
         elif after is not None:
             pass  # the first page in the cursor form: its links carry `after=`
         elif (page - 1) * per_page >= DEEP_PAGE_ROWS:
