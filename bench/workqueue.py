@@ -13,11 +13,11 @@ Each run also reports its WAL bytes per item (the server's WAL position around t
 run, `bench/peers/common.py`). With both systems measured, `nexus_vs_raw` is nexus's
 throughput over the raw claim-100 loop's (`bench/peers/raw_skip_locked.py`): the median,
 over the --repeat rounds, of each round's ratio (a round runs nexus, then raw, back to
-back). `nexus_vs_raw_lanes` is the same against plain SQL that keeps nexus's lane and fencing
-rules on the same workload (`bench/peers/raw_lanes.py`): what nexus adds to the cost of
-its rules, where `nexus_vs_raw` also counts what the rules themselves cost. The raw loop's throughput swings by a factor of two between runs on a shared
-machine, so a ratio of two medians taken at different times says little: use --repeat 3
-or more.
+back). `nexus_vs_raw_lanes` is the same against plain SQL that keeps nexus's lane and
+fencing rules on the same workload (`bench/peers/raw_lanes.py`): what nexus adds to the
+cost of its rules, where `nexus_vs_raw` also counts what the rules themselves cost. The
+raw loop's throughput swings by a factor of two between runs on a shared machine, so a
+ratio of two medians taken at different times says little: use --repeat 3 or more.
 Progress goes to stderr; the last line of stdout is one JSON object.
 
 Fairness row (nexus measured, --hot-items H > 0, 10,000 by default): in each round, beside

@@ -4,9 +4,8 @@ The same workload as the nexus driver (its source lanes and crossing target lane
 same claim batch), on one table `lane_jobs` with the indexes the rules need, and none of
 nexus's generations, queue classes, attempts, parking, heartbeat or handler pool. It is
 not a lower bound (nexus's claim is tuned further: parked backlogs, a plan the server
-keeps cached): it shows what the rules
-cost when written plainly, beside `raw_skip_locked`, which keeps none of them. What it
-keeps:
+keeps cached): it shows what the rules cost when written plainly, beside
+`raw_skip_locked`, which keeps none of them. What it keeps:
 
 * source lane FIFO: only a lane's head (its lowest pending id) is claimable, and at most
   one item of a lane runs (a unique index over the running rows);
@@ -73,7 +72,7 @@ UPDATE lane_jobs j SET state = 'done', lease_until = NULL
 # completions do: a claim that rechecks a row another claim took keeps a lock on its newest
 # version, and the completion of that row then waits for the claim.
 LOCK_BUDGET_MS = 50
-LANE_RACE = (errors.UniqueViolation, errors.DeadlockDetected, errors.LockNotAvailable)
+RETRIED = (errors.UniqueViolation, errors.DeadlockDetected, errors.LockNotAvailable)
 PENDING = "SELECT EXISTS (SELECT 1 FROM lane_jobs WHERE state = 'pending')"
 
 
@@ -102,7 +101,7 @@ def run_worker(dsn: str, worker_index: int, n: int, start_event) -> list[int]:
         while True:
             try:
                 rows = claim.execute(CLAIM, {"limit": CLAIM_BATCH, "owner": worker_index}, prepare=True).fetchall()
-            except LANE_RACE:
+            except RETRIED:
                 continue  # lost a lane race: claim again
             if not rows:
                 if not conn.execute(PENDING).fetchone()[0]:
@@ -115,7 +114,7 @@ def run_worker(dsn: str, worker_index: int, n: int, start_event) -> list[int]:
                 try:
                     complete.execute(COMPLETE, {"ids": ids, "tokens": [r[1] for r in rows]}, prepare=True)
                     break
-                except LANE_RACE:
+                except RETRIED:
                     pass  # one autocommit statement: it wrote nothing, run it again
             if complete.rowcount != len(ids):
                 raise RuntimeError(f"worker {worker_index} lost {len(ids) - complete.rowcount} fenced items")

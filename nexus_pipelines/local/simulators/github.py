@@ -669,8 +669,11 @@ class Endpoints:
         # in the order asked for: a descending walk is the ascending one over negated positions
         sign = 1 if direction == "asc" else -1
 
+        def signed(position: tuple[int, int]) -> tuple[int, int]:
+            return sign * position[0], sign * position[1]
+
         def place(issue: Issue) -> tuple[int, int]:
-            return tuple(sign * value for value in _position(issue, sort))
+            return signed(_position(issue, sort))
 
         rows.sort(key=place)
         after = param("after")  # present, even empty (the first cursor page): cursor pagination
@@ -679,7 +682,7 @@ class Endpoints:
             if position is None:
                 return invalid("after")
             # the rows past the cursor's position (positions are unique: the id breaks ties)
-            rows = rows[bisect.bisect_right(rows, tuple(sign * value for value in position), key=place):]
+            rows = rows[bisect.bisect_right(rows, signed(position), key=place):]
         elif after is not None:
             pass  # the first page in the cursor form: its links carry `after=`
         elif (page - 1) * per_page >= DEEP_PAGE_ROWS:
