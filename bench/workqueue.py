@@ -160,6 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     unknown = set(systems) - set(DRIVERS)
     if unknown:
         parser.error(f"unknown systems {sorted(unknown)}; choose from {list(DRIVERS)}")
+    if "raw_lanes" in systems and not driver("nexus").LANES:
+        parser.error("raw_lanes keeps its lanes: with BENCH_NEXUS_LANES=0 leave it out of --systems")
 
     summaries: dict[str, dict] = {}
     commit = _git_head()
