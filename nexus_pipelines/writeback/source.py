@@ -270,6 +270,26 @@ def emulator_read_client(endpoint: str) -> BigQueryReadClient:
     return BigQueryReadClient(transport=BigQueryReadGrpcTransport(channel=channel, credentials=AnonymousCredentials()))
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The batch's rows as `to_pylist()` makes them, except that a TIMESTAMP column (Arrow
+    microseconds in UTC) gives datetimes in `datetime.UTC`, as the query pages do, built from
+    its integers: pyarrow gives each value a `ZoneInfo('UTC')` at about five times the cost,
+    which the mapper then had to convert to `UTC` again."""
+    names = batch.schema.names
+    return [dict(zip(names, row)) for row in zip(*(_values(column) for column in batch.columns))]
+
+
+def _values(column: pa.Array) -> list[Any]:
+    kind = column.type
+    if pa.types.is_timestamp(kind) and kind.tz == "UTC" and kind.unit == "us":
+        return [None if us is None else _EPOCH + timedelta(microseconds=us)
+                for us in column.cast(pa.int64()).to_pylist()]
+    return column.to_pylist()
+
+
 class CandidateReader:
     """The candidate table, page by page, for the validation pass and again for the write
     pass. With a Storage Read client it streams the table as Arrow record batches (one
@@ -301,7 +321,7 @@ class CandidateReader:
             else:
                 for batch in batches:
                     for offset in range(0, batch.num_rows, page_size):
-                        yield batch.slice(offset, page_size).to_pylist()
+                        yield _rows(batch.slice(offset, page_size))
                 return
         yield from iter_candidate_pages(self.client, self.table_id, page_size=page_size, location=self.location,
                                         timer=self.timer)
