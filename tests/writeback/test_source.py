@@ -142,34 +142,34 @@ def test_the_storage_read_api_reads_the_rows_and_payload_hashes_the_queries_read
     drop_candidates(bq_client, table_id)
 
 
-def test_the_storage_read_api_reads_every_column_type_as_the_queries_do(bq_client, bq_storage):
-    dataset = f"types_{uuid.uuid4().hex[:6]}"
+def _read_both_ways(bq_client, bq_storage, rows_sql: str) -> dict:
+    """The rows of a table made of `rows_sql` (STRUCTs), read with the Storage Read API, once
+    checked equal to the query pages' reading of them."""
+    dataset = f"cand_{uuid.uuid4().hex[:6]}"
     bq_client.create_dataset(dataset)
     table_id = f"nexus-test.{dataset}.cand"
-    bq_client.query(
-        f"CREATE TABLE `{table_id}` AS SELECT * FROM UNNEST(["
+    bq_client.query(f"CREATE TABLE `{table_id}` AS SELECT * FROM UNNEST([{rows_sql}])").result()
+    by_arrow = _rows_by_id(CandidateReader(bq_client, table_id, storage=bq_storage))
+    assert by_arrow == _rows_by_id(CandidateReader(bq_client, table_id))
+    return by_arrow
+
+
+def test_the_storage_read_api_reads_every_column_type_as_the_queries_do(bq_client, bq_storage):
+    by_arrow = _read_both_ways(bq_client, bq_storage, (
         "STRUCT('a' AS _outbound_external_id, 42 AS i, 1.5 AS f, TRUE AS b, NUMERIC '123456.123456789' AS n, "
         "DATE '2025-02-01' AS d, TIMESTAMP '2025-02-01 10:11:12.345+00' AS ts, "
         "DATETIME '2025-02-01 10:11:12' AS dt, b'raw' AS raw), "
-        "STRUCT('b', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)])").result()
-    by_arrow = _rows_by_id(CandidateReader(bq_client, table_id, storage=bq_storage))
-    assert by_arrow == _rows_by_id(CandidateReader(bq_client, table_id))
+        "STRUCT('b', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)"))
     assert by_arrow["a"]["ts"] == datetime(2025, 2, 1, 10, 11, 12, 345000, tzinfo=UTC)
     assert set(by_arrow["b"].values()) == {"b", None}
 
 
 def test_the_storage_read_api_gives_timestamps_in_utc_across_bigquerys_range_as_the_queries_do(bq_client, bq_storage):
-    dataset = f"ts_{uuid.uuid4().hex[:6]}"
-    bq_client.create_dataset(dataset)
-    table_id = f"nexus-test.{dataset}.cand"
-    bq_client.query(
-        f"CREATE TABLE `{table_id}` AS SELECT * FROM UNNEST(["
+    by_arrow = _read_both_ways(bq_client, bq_storage, (
         "STRUCT('min' AS _outbound_external_id, TIMESTAMP '0001-01-01 00:00:00+00' AS ts), "
         "STRUCT('before_epoch', TIMESTAMP '1969-12-31 23:59:59.999999+00'), "
         "STRUCT('epoch', TIMESTAMP '1970-01-01 00:00:00+00'), STRUCT('offset', TIMESTAMP '2025-02-01 12:11:12.345+02'), "
-        "STRUCT('max', TIMESTAMP '9999-12-31 23:59:59.999999+00'), STRUCT('null', NULL)])").result()
-    by_arrow = _rows_by_id(CandidateReader(bq_client, table_id, storage=bq_storage))
-    assert by_arrow == _rows_by_id(CandidateReader(bq_client, table_id))
+        "STRUCT('max', TIMESTAMP '9999-12-31 23:59:59.999999+00'), STRUCT('null', NULL)"))
     assert {k: r["ts"] for k, r in by_arrow.items()} == {
         "min": datetime(1, 1, 1, tzinfo=UTC),
         "before_epoch": datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
