@@ -61,12 +61,24 @@ def code_server_command(port: int) -> list[str]:
     return [str(BIN / command[0]), *command[1:]]
 
 
+def _compose_services() -> dict:
+    return yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"]
+
+
 def compose_command(service: str, port: int | None = None) -> list[str]:
     """A service's entrypoint in deploy/docker-compose.yml, on loopback and `port` when it listens."""
-    command = yaml.safe_load((DEPLOY / "docker-compose.yml").read_text())["services"][service]["entrypoint"]
+    command = _compose_services()[service]["entrypoint"]
     if port is not None:
         command = _bind(command, "127.0.0.1", port)
     return [str(BIN / command[0]), *command[1:]]
+
+
+def one_shot_services() -> list[str]:
+    """The compose services another waits on to complete (the schema migrations), in file order."""
+    services = _compose_services()
+    awaited = {name for service in services.values() for name, dependency in service.get("depends_on", {}).items()
+               if dependency["condition"] == "service_completed_successfully"}
+    return [name for name in services if name in awaited]
 
 
 def write_dagster_home(home: Path, code_port: int) -> None:

@@ -69,7 +69,7 @@ def test_run_containers_get_every_variable_the_shipped_configs_reference():
 def test_the_compose_topology_serves_the_code_location_over_grpc_to_webserver_and_daemon():
     compose = _load("docker-compose.yml")
     services = compose["services"]
-    assert set(services) == {"postgres", "user_code", "webserver", "daemon"}
+    assert set(services) == {"postgres", "dagster_storage", "control_plane", "user_code", "webserver", "daemon"}
     (location,) = _load("workspace.yaml")["load_from"]
     assert location["grpc_server"]["host"] == "user_code"
     assert str(location["grpc_server"]["port"]) in " ".join((DEPLOY / "Dockerfile.user-code").read_text().split())
@@ -77,6 +77,20 @@ def test_the_compose_topology_serves_the_code_location_over_grpc_to_webserver_an
     assert services["webserver"]["entrypoint"][0] == "dagster-webserver"
     network = _load("dagster.yaml")["run_launcher"]["config"]["network"]
     assert compose["networks"]["nexus_pipelines"]["name"] == network
+
+
+def test_the_services_start_only_once_both_schemas_are_made():
+    # each of them creates Dagster's missing tables as it starts; two at once on an empty database race
+    services = _load("docker-compose.yml")["services"]
+    assert services["dagster_storage"]["entrypoint"] == ["dagster", "instance", "migrate"]
+    assert services["control_plane"]["entrypoint"] == ["nexus-pipelines", "migrate"]
+    for name in ("user_code", "webserver", "daemon"):
+        assert services[name]["depends_on"]["dagster_storage"] == {"condition": "service_completed_successfully"}
+    assert services["user_code"]["depends_on"]["control_plane"] == {"condition": "service_completed_successfully"}
+    for name in ("webserver", "daemon"):  # and the code location they load waited for the control plane's
+        assert services[name]["depends_on"]["user_code"] == {"condition": "service_started"}
+    for service in services.values():  # each local image is built before the first service that runs it
+        assert "build" in service or not service["image"].startswith("nexus-pipelines-")
 
 
 def test_the_deploy_files_hold_secret_references_never_values():

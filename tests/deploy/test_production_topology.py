@@ -22,8 +22,8 @@ from nexus_pipelines.local import month_end_arr_source
 from tests.conftest import drop_database, new_database, with_database
 
 from .support import (
-    BIN, IN_FLIGHT, PROJECT_ROOT, Service, Webserver, code_server_command, compose_command, free_port, wait_for,
-    write_dagster_home,
+    BIN, IN_FLIGHT, PROJECT_ROOT, Service, Webserver, code_server_command, compose_command, free_port,
+    one_shot_services, wait_for, write_dagster_home,
 )
 
 # Each run is a process of its own: on a loaded machine one takes up to a minute to start.
@@ -36,7 +36,7 @@ BQ_PROJECT = "nexus-local"  # the project configs/jobs/month_end_arr.local.yaml 
 
 class Topology:
     def __init__(self, tmp, control_dsn: str, storage_dsn: str, bq_url: str) -> None:
-        self.tmp, self.control_dsn = tmp, control_dsn
+        self.tmp, self.control_dsn, self.storage_dsn = tmp, control_dsn, storage_dsn
         self.sandbox = local_sandbox.Sandbox(tmp / "local", tuple(free_port() for _ in range(4)))
         self.sandbox.serve()
         self.gitlab = self.sandbox.trackers[0]
@@ -78,10 +78,18 @@ class Topology:
         }
 
     def start(self) -> None:
+        for name in one_shot_services():
+            self.run_one_shot(name)
         self.code_server.start()
         self.webserver_process.start()
         self.wait_serving(timeout_s=180)
         self.daemon.start()
+
+    def run_one_shot(self, name: str) -> str:
+        result = subprocess.run(compose_command(name), cwd=self.home, env=self.env, capture_output=True, text=True,
+                                timeout=300)
+        assert result.returncode == 0, f"{name}: {result.stdout}{result.stderr}"
+        return result.stdout + result.stderr
 
     def wait_serving(self, timeout_s: float) -> dict:
         def serving():
@@ -144,6 +152,17 @@ def topology(tmp_path_factory, control_dsn, pg_admin_dsn, bq_emulator_url):
     finally:
         stack.stop()
         drop_database(pg_admin_dsn, storage)
+
+
+def test_the_schema_migrations_run_again_on_a_live_stack_as_no_ops(topology):
+    # every `docker compose up` runs them again, while the services may be serving
+    assert "migrations are up to date" in topology.run_one_shot("control_plane")
+    with psycopg.connect(topology.storage_dsn) as conn:
+        tables = lambda: conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0]  # noqa: E731
+        before = tables()
+        topology.run_one_shot("dagster_storage")
+        assert tables() == before
+    assert topology.webserver.serving()
 
 
 def test_sensors_and_schedules_are_off_on_first_start_but_the_daily_sweep(topology):
