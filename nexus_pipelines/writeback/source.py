@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -271,13 +271,15 @@ def emulator_read_client(endpoint: str) -> BigQueryReadClient:
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_EPOCH_ORDINAL = _EPOCH.date().toordinal()
 
 
 def _rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
-    """The batch's rows as `to_pylist()` makes them, except that a TIMESTAMP column (Arrow
-    microseconds in UTC) gives datetimes in `datetime.UTC`, as the query pages do, built from
-    its integers: pyarrow gives each value a `ZoneInfo('UTC')` at about five times the cost,
-    which the mapper then had to convert to `UTC` again."""
+    """The batch's rows as `to_pylist()` makes them, the same values built from the integers of
+    two column types: a TIMESTAMP column (Arrow microseconds in UTC) gives datetimes in
+    `datetime.UTC`, as the query pages do (pyarrow gives each value a `ZoneInfo('UTC')` at about
+    five times the cost, which the mapper then had to convert to `UTC` again), and a DATE column
+    (Arrow days since the epoch) gives dates at a tenth of pyarrow's cost."""
     names = batch.schema.names
     return [dict(zip(names, row)) for row in zip(*(_values(column) for column in batch.columns))]
 
@@ -287,6 +289,9 @@ def _values(column: pa.Array) -> list[Any]:
     if pa.types.is_timestamp(kind) and kind.tz == "UTC" and kind.unit == "us":
         return [None if us is None else _EPOCH + timedelta(microseconds=us)
                 for us in column.cast(pa.int64()).to_pylist()]
+    if pa.types.is_date32(kind):
+        return [None if days is None else date.fromordinal(_EPOCH_ORDINAL + days)
+                for days in column.cast(pa.int32()).to_pylist()]
     return column.to_pylist()
 
 

@@ -4,7 +4,7 @@ set-based key checks, stable paging."""
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -164,19 +164,21 @@ def test_the_storage_read_api_reads_every_column_type_as_the_queries_do(bq_clien
     assert set(by_arrow["b"].values()) == {"b", None}
 
 
-def test_the_storage_read_api_gives_timestamps_in_utc_across_bigquerys_range_as_the_queries_do(bq_client, bq_storage):
+def test_the_storage_read_api_gives_timestamps_in_utc_and_dates_across_bigquerys_range_as_the_queries_do(
+        bq_client, bq_storage):
     by_arrow = _read_both_ways(bq_client, bq_storage, (
-        "STRUCT('min' AS _outbound_external_id, TIMESTAMP '0001-01-01 00:00:00+00' AS ts), "
-        "STRUCT('before_epoch', TIMESTAMP '1969-12-31 23:59:59.999999+00'), "
-        "STRUCT('epoch', TIMESTAMP '1970-01-01 00:00:00+00'), STRUCT('offset', TIMESTAMP '2025-02-01 12:11:12.345+02'), "
-        "STRUCT('max', TIMESTAMP '9999-12-31 23:59:59.999999+00'), STRUCT('null', NULL)"))
-    assert {k: r["ts"] for k, r in by_arrow.items()} == {
-        "min": datetime(1, 1, 1, tzinfo=UTC),
-        "before_epoch": datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-        "epoch": datetime(1970, 1, 1, tzinfo=UTC),
-        "offset": datetime(2025, 2, 1, 10, 11, 12, 345000, tzinfo=UTC),
-        "max": datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-        "null": None,
+        "STRUCT('min' AS _outbound_external_id, TIMESTAMP '0001-01-01 00:00:00+00' AS ts, DATE '0001-01-01' AS d), "
+        "STRUCT('before_epoch', TIMESTAMP '1969-12-31 23:59:59.999999+00', DATE '1969-12-31'), "
+        "STRUCT('epoch', TIMESTAMP '1970-01-01 00:00:00+00', DATE '1970-01-01'), "
+        "STRUCT('offset', TIMESTAMP '2025-02-01 12:11:12.345+02', DATE '2024-02-29'), "
+        "STRUCT('max', TIMESTAMP '9999-12-31 23:59:59.999999+00', DATE '9999-12-31'), STRUCT('null', NULL, NULL)"))
+    assert {k: (r["ts"], r["d"]) for k, r in by_arrow.items()} == {
+        "min": (datetime(1, 1, 1, tzinfo=UTC), date(1, 1, 1)),
+        "before_epoch": (datetime(1969, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), date(1969, 12, 31)),
+        "epoch": (datetime(1970, 1, 1, tzinfo=UTC), date(1970, 1, 1)),
+        "offset": (datetime(2025, 2, 1, 10, 11, 12, 345000, tzinfo=UTC), date(2024, 2, 29)),
+        "max": (datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC), date(9999, 12, 31)),
+        "null": (None, None),
     }
     # in UTC itself, as the query pages give them: the mapper formats them without converting
     assert all(r["ts"].tzinfo is UTC for k, r in by_arrow.items() if k != "null")
