@@ -63,13 +63,17 @@ _ENCODE = json.encoder.c_make_encoder(None, _decimal_text, json.encoder.encode_b
                                       True, False, True)
 
 
+_STRING = json.encoder.encode_basestring  # what that encoder makes of a str
+
+
 def canonical_payload_hash(target_object: str, external_id_field: str, external_id: str,
                            payload: Mapping[str, Any]) -> str:
     """`payload_hash` for a payload the mapper's contract check already bounded (str,
-    bool, int, None, finite Decimal): the same bytes, without a second normalizing pass."""
-    document = {"object": target_object, "external_id_field": external_id_field, "external_id": external_id,
-                "payload": payload}
-    return hashlib.sha256("".join(_ENCODE(document, 0)).encode("utf-8")).hexdigest()
+    bool, int, None, finite Decimal): the same bytes, without a second normalizing pass. The
+    document's own keys are written in their sorted order, so only the payload is sorted."""
+    text = (f'{{"external_id":{_STRING(external_id)},"external_id_field":{_STRING(external_id_field)},'
+            f'"object":{_STRING(target_object)},"payload":{"".join(_ENCODE(payload, 0))}}}')
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def redact_id(external_id: str) -> str:
