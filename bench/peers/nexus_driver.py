@@ -3,9 +3,8 @@
 Fencing and lanes on: every item has a source lane (FIFO, one running item per lane)
 and a target mutation lane (one running item per lane), LANES of each, crossing (a
 source lane writes to a different target lane on each pass; BENCH_NEXUS_LANES=0: no
-lane keys); items are claimed by
-fenced compare-and-swap in batches of CLAIM_BATCH and completed by fenced batched
-finalization. The handler is a real (recording) handler, not the registry's `NOOP`
+lane keys); items are claimed by fenced compare-and-swap in batches of CLAIM_BATCH and
+completed by fenced batched finalization. The handler is a real (recording) handler, not the registry's `NOOP`
 marker: with `NOOP` the drain completes items straight from the claim without calling
 anything, so nothing could record the execution (BENCH_NEXUS_HANDLER=noop measures
 that path anyway; its verification fails by design).

@@ -59,11 +59,8 @@ def _decimal_text(value: Any) -> str:
 # The C encoder json.dumps(sort_keys=True, separators=(",", ":"), ensure_ascii=False) runs,
 # built once: JSONEncoder.encode builds it again on every call, which was a fifth of the
 # validation pass's CPU per row. No circular-reference markers: the document is flat.
-_ENCODE = json.encoder.c_make_encoder(None, _decimal_text, json.encoder.encode_basestring, None, ":", ",",
-                                      True, False, True)
-
-
 _STRING = json.encoder.encode_basestring  # what that encoder makes of a str
+_ENCODE = json.encoder.c_make_encoder(None, _decimal_text, _STRING, None, ":", ",", True, False, True)
 
 
 def canonical_payload_hash(target_object: str, external_id_field: str, external_id: str,
