@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install test chromium demo dev up status down migrate bench-writeback bench-workqueue bench-chaos bench-polling lock clean
+.PHONY: install test chromium demo dev up status down migrate bench-writeback bench-workqueue bench-chaos bench-polling bench-statements lock clean
 
 install: $(STAMP)
 
@@ -60,6 +60,9 @@ bench-chaos: $(STAMP)
 
 bench-polling: $(STAMP)
 	$(BIN)/python bench/polling.py --provider all
+
+bench-statements: $(STAMP)
+	$(BIN)/python bench/statements.py --provider gitlab
 
 # Refresh the pins after changing dependencies in pyproject.toml.
 lock: $(STAMP)

@@ -66,6 +66,7 @@ Each provider prints one JSON line; the last line of stdout is one JSON object (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -74,6 +75,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -189,7 +191,7 @@ class BenchFailure(SystemExit):
     """A phase did not do what it measures; the message names what is left."""
 
 
-def _drain_all(pool, registry, registration_id: str, phase: str):
+def drain_all(pool, registry, registration_id: str, phase: str):
     """Drain the registration's queue to empty with the bench's drain, or fail naming what is left."""
     from nexus_pipelines.workqueue.worker import drain
     from nexus_pipelines.local.worlds.plant import NO_WAIT
@@ -281,7 +283,7 @@ def _noop_items_per_s(pool, items: int) -> float:
         _expect("the no-op enqueue", "work items", enqueue_work_items(conn, work, registration_id=registration_id,
                                                                       revision=1), items)
     started = time.perf_counter()
-    report = _drain_all(pool, HandlerRegistry({"bench.noop": NOOP}), registration_id, "no-op")
+    report = drain_all(pool, HandlerRegistry({"bench.noop": NOOP}), registration_id, "no-op")
     seconds = time.perf_counter() - started
     _expect("the no-op drain", "completed items", report.completed, items)
     return round(items / seconds, 1)
@@ -317,7 +319,8 @@ def _sensor_tick_ms(dsn: str, pool, world, folder: Path) -> float:
     return round(statistics.median(timings[1:]), 1)
 
 
-def _plant(pool, world, operation_of):
+def plant_world(pool, world, operation_of):
+    """The world's plant with its provider calls timed (the simulator's seconds and calls by operation)."""
     from nexus_pipelines.connectors.core.compose import CachedComposer
     from nexus_pipelines.connectors.core.registry import ComposeContext
     from nexus_pipelines.connectors.provider_gate import ProviderGates
@@ -332,7 +335,8 @@ def _plant(pool, world, operation_of):
     return plant, timed
 
 
-def _database(admin: str, name: str):
+def bench_database(admin: str, name: str):
+    """A migrated control-plane database `name` on the server of `admin`: its DSN and a pool."""
     from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.control.migrations import apply_migrations
     from nexus_pipelines.local.postgres import ensure_database, with_database
@@ -352,9 +356,9 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.local.worlds.plant import executor
 
-    dsn, pool = _database(admin, f"bench_polling_{provider}")
+    dsn, pool = bench_database(admin, f"bench_polling_{provider}")
     world, operation_of = PROVIDERS[provider](args.issues)
-    plant, timed = _plant(pool, world, operation_of)
+    plant, timed = plant_world(pool, world, operation_of)
     registration = world.registration(key="bench", page_size=100)
     plant.activate(registration)
     # 1. full sync, page by page
@@ -378,7 +382,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     plant.route()
     route_s = time.perf_counter() - started
     started = time.perf_counter()
-    drained = _drain_all(pool, plant.registry(), rid, "first sync")
+    drained = drain_all(pool, plant.registry(), rid, "first sync")
     drain_s = time.perf_counter() - started
     apply_s = route_s + drain_s
     steal["apply"] = steal["apply"].pct()
@@ -393,7 +397,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         list_before = timed.calls.get("list", 0)
         repoll = poll(conn, REGISTRY, plant.composer, owner="bench", executor=executor(), registration_ids=[rid])
         plant.route()
-        _drain_all(pool, plant.registry(), rid, "re-poll")
+        drain_all(pool, plant.registry(), rid, "re-poll")
         after = _rows(conn)
         repoll_calls = timed.calls.get("list", 0) - list_before
         (duplicates,) = conn.execute(
@@ -496,7 +500,7 @@ def sweep_run(plant, pool, registration, timed, drop_every: int = 100) -> dict:
         conn.execute("DELETE FROM ticket_observations WHERE external_ref = ANY(%s)", (dropped,))
     lossy = _sweep_once(plant, registration, timed)
     plant.route()
-    _drain_all(pool, plant.registry(), registration.registration_id, "sweep restore")
+    drain_all(pool, plant.registry(), registration.registration_id, "sweep restore")
     with pool.connection() as conn:
         (restored,) = conn.execute(
             """SELECT count(*) FROM ticket_custody_links WHERE (tenant, registration_key) = (%s, %s)
@@ -563,10 +567,10 @@ def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: in
     from nexus_pipelines.local.simulators.github import PrimaryLimit
     from nexus_pipelines.local.simulators.gitlab import SimClock
 
-    _, pool = _database(admin, "bench_polling_rate_budget")
+    _, pool = bench_database(admin, "bench_polling_rate_budget")
     world, operation_of = _github(issues, clock=SimClock())  # the simulator on the real clock
     world.state.primary = PrimaryLimit(limit=limit, window_s=window_s)
-    plant, timed = _plant(pool, world, operation_of)
+    plant, timed = plant_world(pool, world, operation_of)
     registration = world.registration(key="rate-budget", page_size=100)
     plant.activate(registration)
     started, ticks, held, exhausted = time.monotonic(), 0, 0, False
@@ -593,6 +597,29 @@ def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: in
             "elapsed_s": round(time.monotonic() - started, 1)}
 
 
+@contextlib.contextmanager
+def bench_server(name: str, **settings: str) -> Iterator[tuple[str, Path]]:
+    """The admin DSN of the server under test and a scratch folder: NEXUS_PG_DSN, else a fresh
+    embedded server in the folder with durable settings (fsync on, as in production) and
+    `settings` added. The server is stopped and the folder removed on leaving (a full run's
+    database and Dagster homes take about 800 MB)."""
+    from nexus_pipelines.local.postgres import DURABLE_SETTINGS, EmbeddedPostgres
+
+    folder = Path(tempfile.mkdtemp(prefix=f"nexus-bench-{name}-"))
+    server = None
+    try:
+        if os.environ.get("NEXUS_PG_DSN"):
+            admin = os.environ["NEXUS_PG_DSN"]
+        else:
+            server = EmbeddedPostgres(folder / "pg", settings={**DURABLE_SETTINGS, **settings})
+            admin = server.start().dsn()
+        yield admin, folder
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--provider", choices=[*sorted(PROVIDERS), *GROUPS], default="gitlab")
@@ -601,25 +628,12 @@ def main() -> int:
     parser.add_argument("--analyze", choices=["after-poll", "none"], default="after-poll")
     args = parser.parse_args()
 
-    from nexus_pipelines.local.postgres import EmbeddedPostgres
-
-    folder = Path(tempfile.mkdtemp(prefix="nexus-bench-polling-"))
-    server = None
-    if os.environ.get("NEXUS_PG_DSN"):
-        admin = os.environ["NEXUS_PG_DSN"]
-    else:
-        server = EmbeddedPostgres(folder / "pg")  # default settings: fsync on, as in production
-        admin = server.start().dsn()
     providers = GROUPS.get(args.provider, [args.provider])
     results = {}
-    try:
+    with bench_server("polling") as (admin, folder):
         for provider in providers:
             results[provider] = run_provider(provider, admin, args, folder)
             print(json.dumps(results[provider]), flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(folder, ignore_errors=True)  # the database and the Dagster homes: ~800 MB a full run
     if len(results) > 1:
         print(json.dumps(results))
     return 0
