@@ -66,16 +66,12 @@ Each provider prints one JSON line; the last line of stdout is one JSON object (
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -83,6 +79,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.host import Steal  # noqa: E402 - the project root is on the path from here
+from bench.server import bench_server  # noqa: E402
 
 # The one drain configuration every phase uses (the ticket drain and the no-op drain alike).
 DRAIN = {"concurrency": 2, "claim_batch": 100}
@@ -595,29 +592,6 @@ def rate_budget_run(admin: str, issues: int = 1500, limit: int = 6, window_s: in
             "list_calls": timed.calls.get("list", 0), "min_calls": math.ceil(issues / 100), "ticks": ticks,
             "held_back_ticks": held, "calls_while_limited": world.state.limited_calls, "issues_received": tickets,
             "elapsed_s": round(time.monotonic() - started, 1)}
-
-
-@contextlib.contextmanager
-def bench_server(name: str, **settings: str) -> Iterator[tuple[str, Path]]:
-    """The admin DSN of the server under test and a scratch folder: NEXUS_PG_DSN, else a fresh
-    embedded server in the folder with durable settings (fsync on, as in production) and
-    `settings` added. The server is stopped and the folder removed on leaving (a full run's
-    database and Dagster homes take about 800 MB)."""
-    from nexus_pipelines.local.postgres import DURABLE_SETTINGS, EmbeddedPostgres
-
-    folder = Path(tempfile.mkdtemp(prefix=f"nexus-bench-{name}-"))
-    server = None
-    try:
-        if os.environ.get("NEXUS_PG_DSN"):
-            admin = os.environ["NEXUS_PG_DSN"]
-        else:
-            server = EmbeddedPostgres(folder / "pg", settings={**DURABLE_SETTINGS, **settings})
-            admin = server.start().dsn()
-        yield admin, folder
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> int:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.polling import DRAIN_BUDGET_S, PROVIDERS, bench_database, bench_server, drain_all, plant_world  # noqa: E402
+from bench.polling import DRAIN_BUDGET_S, PROVIDERS, bench_database, drain_all, plant_world  # noqa: E402
+from bench.server import bench_server  # noqa: E402
 
 EXTENSION = "pg_stat_statements"
 

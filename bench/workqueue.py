@@ -45,14 +45,11 @@ timed too.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -63,26 +60,8 @@ import psycopg  # noqa: E402
 from bench.peers.common import DRIVERS, driver, log, run_once, summarize  # noqa: E402
 from bench.host import Steal  # noqa: E402
 from bench.peers.gates import measure_gates  # noqa: E402
-
-
-@contextlib.contextmanager
-def postgres_server():
-    """The admin DSN of the server under test."""
-    if os.environ.get("NEXUS_PG_DSN"):
-        yield os.environ["NEXUS_PG_DSN"]
-        return
-    from nexus_pipelines.local.postgres import DURABLE_SETTINGS, EmbeddedPostgres
-
-    root = Path(tempfile.mkdtemp(prefix="bench-wq-"))
-    root.chmod(0o755)  # the server may run as another system user
-    server = EmbeddedPostgres(root, settings=DURABLE_SETTINGS)
-    try:
-        info = server.start()
-        log(f"embedded Postgres (durable settings, fsync on) on port {info.port} in {root}")
-        yield info.dsn("postgres")
-    finally:
-        server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+from bench.server import bench_server  # noqa: E402
+from nexus_pipelines.control.db import safe_target  # noqa: E402
 
 
 def _git_head() -> str | None:
@@ -95,7 +74,7 @@ def _git_head() -> str | None:
 
 
 def _gates(n: int, with_event_path: bool) -> int:
-    with postgres_server() as server_dsn:
+    with bench_server("workqueue") as (server_dsn, _):
         result = measure_gates(server_dsn, n, with_event_path=with_event_path)
     result.update(commit=_git_head(), cpus=os.cpu_count(), at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     print(json.dumps(result), flush=True)
@@ -167,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     commit = _git_head()
     load_start = round(os.getloadavg()[0], 2)  # the machine may be shared: context for the numbers
     steal = Steal()
-    with postgres_server() as server_dsn:
+    with bench_server("workqueue") as (server_dsn, _):
+        log(f"Postgres server {safe_target(server_dsn)}")
         with psycopg.connect(server_dsn) as conn:
             server_version = conn.execute("SHOW server_version").fetchone()[0]
             fsync = conn.execute("SHOW fsync").fetchone()[0]
