@@ -58,15 +58,14 @@ import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 import jwt
 
 from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import Fault, FaultQueue, Simulator, SimRequest, SimResponse, build_app
-from nexus_pipelines.local.simulators.http import load_data, save_data
+from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, SimulatorState
+from nexus_pipelines.local.simulators.http import build_app, find_route, parse_time, positive
 
 API_VERSIONS = ("2022-11-28", "2026-03-10")
 DOCS = "https://docs.github.com/rest"
@@ -184,7 +183,7 @@ class SecondaryLimit:
     hourly_creations: int = 500  # content-creating requests per hour
 
 
-class GitHubState:
+class GitHubState(SimulatorState):
     """Everything the simulator knows; thread-safe (the served app runs handlers on a pool)."""
 
     def __init__(self, clock: SimClock | None = None) -> None:
@@ -268,33 +267,20 @@ class GitHubState:
 
     # -- persistence (the local stack keeps its simulator's data across restarts) ------
 
-    def save(self, path: Path) -> None:
-        with self._lock:
-            data = {"repositories": [{"id": r.id, "owner": r.owner, "name": r.name,
-                                      "former_names": sorted(r.former_names),
-                                      "issues": [asdict(i) for i in r.issues.values()]}
-                                     for r in self.repositories.values()],
-                    "next_id": next(self._ids)}
-        save_data(path, data)
+    def _records(self) -> dict[str, Any]:
+        return {"repositories": [{"id": r.id, "owner": r.owner, "name": r.name, "former_names": sorted(r.former_names),
+                                  "issues": [asdict(i) for i in r.issues.values()]}
+                                 for r in self.repositories.values()]}
 
-    def load(self, path: Path) -> bool:
-        data = load_data(path)
-        if data is None:
-            return False
-        with self._lock:
-            for r in data["repositories"]:
-                repo = self.add_repository(r["id"], r["owner"], r["name"])
-                repo.former_names = set(r["former_names"])
-                for raw in r["issues"]:
-                    issue = _issue_from_record(raw)
-                    repo.issues[issue.number] = issue
-            self._ids = itertools.count(data["next_id"])
-        return True
+    def _restore(self, data: dict[str, Any]) -> None:
+        for r in data["repositories"]:
+            repo = self.add_repository(r["id"], r["owner"], r["name"])
+            repo.former_names = set(r["former_names"])
+            for raw in r["issues"]:
+                issue = _issue_from_record(raw)
+                repo.issues[issue.number] = issue
 
     # -- request accounting ----------------------------------------------------------
-
-    def next_id(self) -> int:
-        return next(self._ids)
 
     def window(self) -> tuple[int, int]:
         """(window number, reset epoch) of the primary limit now."""
@@ -408,22 +394,6 @@ def _decode_position(value: str) -> tuple[int, int] | None:
         return None
 
 
-def _parse_since(value: str) -> datetime | None:
-    try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
-
-
-def _whole(value: str | None, default: int) -> int | None:
-    if value is None or value == "":
-        return default
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
-
-
 def _page_links(base: str, params: dict[str, Any], page: int, pages: int) -> dict[str, str]:
     """GitHub's page-number `Link` header (none when everything fits on one page)."""
     def link(number: int, rel: str) -> str:
@@ -462,11 +432,8 @@ class GitHubSimulator(Simulator):
 
     @staticmethod
     def route(request: SimRequest) -> tuple[str, dict[str, str] | None]:
-        for pattern, methods in _ROUTES:
-            match = pattern.match(request.path)
-            if match:
-                return methods.get(request.method, "method_not_allowed"), match.groupdict()
-        return "not_found", None
+        operation, match = find_route(_ROUTES, request)
+        return operation, None if match is None else match.groupdict()
 
     def _answer(self, request: SimRequest, operation: str, match: dict[str, str] | None) -> SimResponse:
         if match is None or operation == "method_not_allowed":
@@ -657,10 +624,10 @@ class Endpoints:
                 return invalid(name)
         since = None
         if param("since") is not None:
-            since = _parse_since(param("since"))
+            since = parse_time(param("since"))
             if since is None:
                 return invalid("since")
-        per_page, page = _whole(param("per_page"), 30), _whole(param("page"), 1)
+        per_page, page = positive(param("per_page"), default=30), positive(param("page"), default=1)
         if per_page is None or page is None:
             return invalid("per_page" if per_page is None else "page")
         per_page = min(per_page, 100)
@@ -711,7 +678,8 @@ class Endpoints:
                                              **headers})
 
     def list_comments(self, issue: Issue) -> SimResponse:
-        per_page, page = _whole(self.request.param("per_page"), 30), _whole(self.request.param("page"), 1)
+        per_page = positive(self.request.param("per_page"), default=30)
+        page = positive(self.request.param("page"), default=1)
         if per_page is None or page is None:
             return invalid("per_page" if per_page is None else "page", "IssueComment")
         per_page = min(per_page, 100)
@@ -787,7 +755,3 @@ def app_key_pair(key_size: int = 2048) -> tuple[str, str]:
 
 def build_github_app(state: GitHubState):
     return build_app(GitHubSimulator(state))
-
-
-def github_fault(status: int, headers: dict[str, str] | None = None, body: Any = None) -> Fault:
-    return Fault(status=status, headers=headers or {}, body=body)

@@ -31,12 +31,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
-from nexus_pipelines.local.simulators.http import Fault, FaultQueue, SimClock, Simulator, SimRequest, SimResponse, build_app
-from nexus_pipelines.local.simulators.http import load_data, save_data
+from nexus_pipelines.local.simulators.http import FaultQueue, SimClock, Simulator, SimRequest, SimResponse
+from nexus_pipelines.local.simulators.http import SimulatorState, build_app, find_route, parse_time, positive
 
 OFFSET_TOTAL_LIMIT = 10_000
 NOTE_MAX_CHARS = 1_000_000
@@ -46,9 +45,11 @@ ISSUE_ORDERS = ("created_at", "updated_at", "priority", "due_date", "relative_po
 KEYSET_ORDERS = ("created_at", "updated_at", "title", "due_date", "relative_position", "weight")
 ISSUE_TYPES = ("issue", "incident", "test_case", "task")
 
-_ISSUES = re.compile(r"^/api/v4/projects/(\d+)/issues$")
-_ISSUE = re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)$")
-_NOTES = re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)/notes$")
+_ROUTES = (
+    (re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)/notes$"), {"GET": "list_notes", "POST": "create_note"}),
+    (re.compile(r"^/api/v4/projects/(\d+)/issues/(\d+)$"), {"GET": "get_issue", "PUT": "edit_issue"}),
+    (re.compile(r"^/api/v4/projects/(\d+)/issues$"), {"GET": "list_issues"}),
+)
 
 
 def iso_ms(moment: datetime) -> str:
@@ -117,7 +118,7 @@ class RateLimit:
     send_headers: bool = True
 
 
-class GitLabState:
+class GitLabState(SimulatorState):
     """Everything the simulator knows; thread-safe (the served app runs handlers on a pool)."""
 
     def __init__(self, clock: SimClock | None = None) -> None:
@@ -186,34 +187,18 @@ class GitLabState:
 
     # -- persistence (the local stack keeps its simulator's data across restarts) ------
 
-    def save(self, path: Path) -> None:
-        with self._lock:
-            data = {
-                "projects": [
-                    {"id": p.id, "path": p.path_with_namespace, "issues": [asdict(i) for i in p.issues.values()]}
-                    for p in self.projects.values()
-                ],
-                "next_id": next(self._ids),
-            }
-        save_data(path, data)
+    def _records(self) -> dict[str, Any]:
+        return {"projects": [{"id": p.id, "path": p.path_with_namespace,
+                              "issues": [asdict(i) for i in p.issues.values()]} for p in self.projects.values()]}
 
-    def load(self, path: Path) -> bool:
-        data = load_data(path)
-        if data is None:
-            return False
-        with self._lock:
-            for p in data["projects"]:
-                project = self.add_project(p["id"], p["path"])
-                for raw in p["issues"]:
-                    issue = _issue_from_record(raw)
-                    project.issues[issue.iid] = issue
-            self._ids = itertools.count(data["next_id"])
-        return True
+    def _restore(self, data: dict[str, Any]) -> None:
+        for p in data["projects"]:
+            project = self.add_project(p["id"], p["path"])
+            for raw in p["issues"]:
+                issue = _issue_from_record(raw)
+                project.issues[issue.iid] = issue
 
     # -- request accounting ----------------------------------------------------------
-
-    def _next_id(self) -> int:
-        return next(self._ids)
 
     def _over_limit(self, limit: RateLimit | None, bucket: str, token: str) -> dict[str, str] | None:
         """None when the request may proceed, else the 429 headers (empty when the limit sends none)."""
@@ -292,12 +277,12 @@ def _bad_param(name: str) -> SimResponse:
     return SimResponse.json(400, {"error": f"{name} does not have a valid value"})
 
 
-def _parse_time(value: str) -> datetime | None:
+def _params(request: SimRequest) -> tuple[dict[str, Any], SimResponse | None]:
+    """A write's form or JSON body, or GitLab's 400 for one it cannot read."""
     try:
-        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+        return request.form_or_json(), None
+    except (ValueError, UnicodeDecodeError):
+        return {}, SimResponse.json(400, {"error": "400 Bad request - body is not valid"})
 
 
 # -- the handler -------------------------------------------------------------------------
@@ -310,13 +295,8 @@ class GitLabSimulator(Simulator):
 
     @staticmethod
     def route(request: SimRequest) -> tuple[str, tuple[int, ...] | None]:
-        for pattern, names in ((_NOTES, {"GET": "list_notes", "POST": "create_note"}),
-                               (_ISSUE, {"GET": "get_issue", "PUT": "edit_issue"}),
-                               (_ISSUES, {"GET": "list_issues"})):
-            match = pattern.match(request.path)
-            if match:
-                return names.get(request.method, "method_not_allowed"), tuple(int(g) for g in match.groups())
-        return "not_found", None
+        operation, match = find_route(_ROUTES, request)
+        return operation, None if match is None else tuple(int(g) for g in match.groups())
 
     def _answer(self, request: SimRequest, operation: str, route: tuple[int, ...] | None) -> SimResponse:
         if route is None:
@@ -390,7 +370,7 @@ class GitLabSimulator(Simulator):
         for name in ("updated_after", "updated_before", "created_after", "created_before"):
             value = request.param(name)
             if value is not None:
-                bounds[name] = _parse_time(value)
+                bounds[name] = parse_time(value)
                 if bounds[name] is None:
                     return SimResponse.json(400, {"error": f"{name} is invalid"})
         per_page = _per_page(request.param("per_page"), default=20)
@@ -430,17 +410,16 @@ class GitLabSimulator(Simulator):
         return SimResponse.json(200, [issue_payload(i, project, request.base_url) for i in page], headers)
 
     def _offset_page(self, request, project, issues, per_page, base) -> SimResponse:
-        page_number = _positive(request.param("page"), default=1)
+        page_number = positive(request.param("page"), default=1)
         if page_number is None:
             return _bad_param("page")
         return _offset_response(request, issues, per_page, page_number, base,
                                 lambda i: issue_payload(i, project, request.base_url))
 
     def _edit_issue(self, request: SimRequest, project: Project, issue: Issue) -> SimResponse:
-        try:
-            params = request.form_or_json()
-        except (ValueError, UnicodeDecodeError):
-            return SimResponse.json(400, {"error": "400 Bad request - body is not valid"})
+        params, refused = _params(request)
+        if refused is not None:
+            return refused
         event = params.get("state_event")
         if event is not None and event not in ("close", "reopen"):
             return _bad_param("state_event")
@@ -470,7 +449,7 @@ class GitLabSimulator(Simulator):
         if sort not in ("asc", "desc"):
             return _bad_param("sort")
         per_page = _per_page(request.param("per_page"), default=20)
-        page_number = _positive(request.param("page"), default=1)
+        page_number = positive(request.param("page"), default=1)
         if per_page is None or page_number is None:
             return _bad_param("per_page" if per_page is None else "page")
         notes = sorted(issue.notes, key=lambda n: (n.created_at, n.id), reverse=sort == "desc")
@@ -478,17 +457,16 @@ class GitLabSimulator(Simulator):
                                 lambda n: note_payload(n, issue, request.base_url))
 
     def _create_note(self, request: SimRequest, issue: Issue, token: AccessToken) -> SimResponse:
-        try:
-            params = request.form_or_json()
-        except (ValueError, UnicodeDecodeError):
-            return SimResponse.json(400, {"error": "400 Bad request - body is not valid"})
+        params, refused = _params(request)
+        if refused is not None:
+            return refused
         body = params.get("body")
         if not isinstance(body, str) or not body.strip():
             return SimResponse.json(400, {"error": "body is missing"})
         if len(body) > NOTE_MAX_CHARS:
             return _error(400, {"note": [f"is too long (maximum is {NOTE_MAX_CHARS} characters)"]})
         now = self.state.clock.now()
-        note = Note(self.state._next_id(), body, token.user, now)
+        note = Note(self.state.next_id(), body, token.user, now)
         issue.notes.append(note)
         issue.updated_at = now  # a note touches its noteable
         return SimResponse.json(201, note_payload(note, issue, request.base_url))
@@ -508,14 +486,8 @@ def _matches(issue: Issue, state_filter: str | None, issue_type: str | None, bou
     return True
 
 
-def _positive(value: str | None, *, default: int) -> int | None:
-    if value is None or value == "":
-        return default
-    return int(value) if value.isdigit() and int(value) > 0 else None
-
-
 def _per_page(value: str | None, *, default: int) -> int | None:
-    number = _positive(value, default=default)
+    number = positive(value, default=default)
     return None if number is None else min(number, 100)
 
 
@@ -563,7 +535,3 @@ def _decode_cursor(cursor: str) -> tuple | None:
 
 def build_gitlab_app(state: GitLabState):
     return build_app(GitLabSimulator(state))
-
-
-def gitlab_fault(status: int, headers: dict[str, str] | None = None, body: Any = None) -> Fault:
-    return Fault(status=status, headers=headers or {}, body=body)

@@ -12,7 +12,9 @@ answers every request it receives.
 from __future__ import annotations
 
 import email.utils
+import itertools
 import json
+import re
 import socket
 import threading
 import time
@@ -214,13 +216,66 @@ def load_data(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+class SimulatorState:
+    """What every provider's state shares: ids from one counter, and its data kept in a file
+    across restarts. A subclass has `_lock` and `_ids` (an `itertools.count`) and gives
+    `_records()` (its data as JSON-ready dicts) and `_restore(data)` (what `_records` gave)."""
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def save(self, path: Path) -> None:
+        with self._lock:
+            data = {**self._records(), "next_id": next(self._ids)}
+        save_data(path, data)
+
+    def load(self, path: Path) -> bool:
+        """Restore what `save` wrote; False before the first save."""
+        data = load_data(path)
+        if data is None:
+            return False
+        with self._lock:
+            self._restore(data)
+            self._ids = itertools.count(data["next_id"])
+        return True
+
+
+def parse_time(value: str) -> datetime | None:
+    """An ISO 8601 query time (`Z` for UTC; a naive one is UTC), or None for one that is not."""
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def positive(value: str | None, *, default: int) -> int | None:
+    """A page or page size query value: `default` when absent or empty, None unless a whole number above 0."""
+    if value is None or value == "":
+        return default
+    return int(value) if value.isdigit() and int(value) > 0 else None
+
+
+Routes = tuple[tuple[re.Pattern[str], Mapping[str, str]], ...]  # path pattern, method -> operation
+
+
+def find_route(routes: Routes, request: SimRequest) -> tuple[str, re.Match[str] | None]:
+    """The operation a request names and its path match: `method_not_allowed` for a known path
+    without that method, `not_found` (no match) for an unknown path."""
+    for pattern, operations in routes:
+        match = pattern.match(request.path)
+        if match:
+            return operations.get(request.method, "method_not_allowed"), match
+    return "not_found", None
+
+
 class Simulator:
     """What every provider's handler shares: count the routed operation, answer its queued
     fault or the request itself, and stamp the state clock's `Date` on the answer.
 
-    A subclass gives a static `route(request) -> (operation, groups)`, an
-    `_answer(request, operation, groups)` and `fault_body`, the provider's body for a
-    status fault; its state has `_lock`, `calls`, `faults` and `clock`."""
+    A subclass gives a static `route(request) -> (operation, groups)` (`find_route` over its
+    route table), an `_answer(request, operation, groups)` and `fault_body`, the provider's
+    body for a status fault; its state has `_lock`, `calls`, `faults` and `clock`."""
 
     fault_body: Any = None
 

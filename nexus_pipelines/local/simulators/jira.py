@@ -44,14 +44,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from nexus_pipelines.local.simulators import jira_adf, jira_jql
 from nexus_pipelines.local.simulators.gitlab import SimClock
-from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, build_app
-from nexus_pipelines.local.simulators.http import load_data, save_data
+from nexus_pipelines.local.simulators.http import FaultQueue, Simulator, SimRequest, SimResponse, SimulatorState
+from nexus_pipelines.local.simulators.http import build_app, find_route
 
 READ_SCOPE, WRITE_SCOPE, USER_SCOPE = "read:jira-work", "write:jira-work", "read:jira-user"
 BROWSE, COMMENT, TRANSITION = "BROWSE_PROJECTS", "ADD_COMMENTS", "TRANSITION_ISSUES"
@@ -182,7 +181,7 @@ class RateLimit:
     window_s: int = 60
 
 
-class JiraState:
+class JiraState(SimulatorState):
     """Everything the simulator knows; thread-safe (the served app runs handlers on a pool)."""
 
     def __init__(self, clock: SimClock | None = None) -> None:
@@ -322,39 +321,27 @@ class JiraState:
 
     # -- persistence (the local stack keeps its simulator's data across restarts) ------
 
-    def save(self, path: Path) -> None:
-        with self._lock:
-            data = {"projects": [{"site": site, **asdict(p), "grants": {}} for (site, _), p in self.projects.items()],
-                    "issues": [{"site": site, **asdict(i)} for (site, _), i in self.issues.items()],
-                    "issue_types": {str(k): asdict(t) for k, t in self.issue_types.items()},
-                    "next_id": next(self._ids)}
-        save_data(path, data)
+    def _records(self) -> dict[str, Any]:
+        return {"projects": [{"site": site, **asdict(p), "grants": {}} for (site, _), p in self.projects.items()],
+                "issues": [{"site": site, **asdict(i)} for (site, _), i in self.issues.items()],
+                "issue_types": {str(k): asdict(t) for k, t in self.issue_types.items()}}
 
-    def load(self, path: Path) -> bool:
-        data = load_data(path)
-        if data is None:
-            return False
-        with self._lock:
-            for raw in data["projects"]:
-                site = raw.pop("site")
-                self.sites.add(site)
-                self.projects[(site, raw["id"])] = Project(**{**raw, "grants": {}})
-            for raw in data["issues"]:
-                site = raw.pop("site")
-                raw["comments"] = [Comment(c["id"], c["author"], c["body"], datetime.fromisoformat(c["created"]))
-                                   for c in raw["comments"]]
-                for name in ("created", "updated"):
-                    raw[name] = datetime.fromisoformat(raw[name])
-                self.issues[(site, raw["id"])] = Issue(**raw)
-            for type_id, raw in data.get("issue_types", {}).items():
-                self.issue_types[int(type_id)] = IssueType(**raw)
-            self._ids = itertools.count(data["next_id"])
-        return True
+    def _restore(self, data: dict[str, Any]) -> None:
+        for raw in data["projects"]:
+            site = raw.pop("site")
+            self.sites.add(site)
+            self.projects[(site, raw["id"])] = Project(**{**raw, "grants": {}})
+        for raw in data["issues"]:
+            site = raw.pop("site")
+            raw["comments"] = [Comment(c["id"], c["author"], c["body"], datetime.fromisoformat(c["created"]))
+                               for c in raw["comments"]]
+            for name in ("created", "updated"):
+                raw[name] = datetime.fromisoformat(raw[name])
+            self.issues[(site, raw["id"])] = Issue(**raw)
+        for type_id, raw in data.get("issue_types", {}).items():
+            self.issue_types[int(type_id)] = IssueType(**raw)
 
     # -- accounting -----------------------------------------------------------------------
-
-    def _next_id(self) -> int:
-        return next(self._ids)
 
     def _over_limit(self, token: str) -> dict[str, str] | None:
         """None when the request may proceed, else the 429's headers."""
@@ -480,11 +467,8 @@ class JiraSimulator(Simulator):
 
     @staticmethod
     def route(request: SimRequest) -> tuple[str, tuple[str, ...] | None]:
-        for pattern, names in _ROUTES:
-            match = pattern.match(request.path)
-            if match:
-                return names.get(request.method, "method_not_allowed"), match.groups()
-        return "not_found", None
+        operation, match = find_route(_ROUTES, request)
+        return operation, None if match is None else match.groups()
 
     def _answer(self, request: SimRequest, operation: str, route: tuple[str, ...] | None) -> SimResponse:
         if route is None:
@@ -625,7 +609,7 @@ class JiraSimulator(Simulator):
         except jira_adf.AdfInvalid as exc:
             return _error(400, comment=f"Comment body is not valid: {exc}")
         now = self.state.clock.now()
-        comment = Comment(self.state._next_id(), account.account_id, body["body"], now)
+        comment = Comment(self.state.next_id(), account.account_id, body["body"], now)
         issue.comments.append(comment)
         issue.updated = now  # a comment updates its issue
         return SimResponse.json(201, render.comment(comment, issue))

@@ -27,7 +27,7 @@ from nexus_pipelines.local.simulators.github import SECONDARY_MESSAGE, GitHubSim
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.worlds.github_keys import shared_key_pair
-from nexus_pipelines.local.worlds.simulated import TRANSPORT_FAULTS, SimulatorWorld, SwitchTransport
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld, SwitchTransport
 
 REPOSITORY_ID = 1296269
 APP_ID = 4242
@@ -101,23 +101,12 @@ class GitHubWorld(SimulatorWorld):
     def _number(self, external_ref: str) -> int:
         return int(external_ref.rsplit(":", 1)[1])
 
-    def add_issues(self, count: int, *, same_updated_at: bool = False, title: str = "Issue") -> list[str]:
-        start = self.state.clock.now()
-        refs = []
-        for n in range(count):
-            moment = start if same_updated_at else start + timedelta(milliseconds=n)
-            issue = self.state.add_issue(self.repository_id, title=f"{title} {n}", body=f"Body {n}",
-                                         labels=["bug"] if n % 2 else [], updated_at=moment)
-            refs.append(self._ref(issue.number))
-        self.state.clock.advance(1)
-        return refs
+    def _add_issue(self, title: str, *, body: str, labels: list[str], updated_at: datetime) -> str:
+        issue = self.state.add_issue(self.repository_id, title=title, body=body, labels=labels, updated_at=updated_at)
+        return self._ref(issue.number)
 
-    def update_issue(self, external_ref: str, *, title: str) -> None:
+    def _retitle(self, external_ref: str, title: str) -> None:
         self.state.update_issue(self.repository_id, self._number(external_ref), title=title)
-        self.state.clock.advance(0.001)
-
-    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
-        return self._ref(self.state.add_issue(self.repository_id, title=title, updated_at=updated_at).number)
 
     def delete_issue(self, external_ref: str) -> None:
         del self.state.repositories[self.repository_id].issues[self._number(external_ref)]
@@ -135,9 +124,7 @@ class GitHubWorld(SimulatorWorld):
     def add_comment(self, external_ref: str, body: str) -> None:
         self.state.add_comment(self.repository_id, self._number(external_ref), body, User(8, "someone"))
 
-    def fault(self, name: str) -> Fault:
-        if name in TRANSPORT_FAULTS:
-            return Fault(transport=TRANSPORT_FAULTS[name])
+    def provider_fault(self, name: str) -> Fault:
         reset = int(self.state.clock.now().timestamp()) + 3600
         return {
             "throttled": Fault(status=403, headers={"retry-after": "1"},
@@ -151,5 +138,4 @@ class GitHubWorld(SimulatorWorld):
                                    body={"message": "Resource not accessible by integration"}),
             "ordinary_4xx": Fault(status=404, body={"message": "Not Found"}),
             "invalid_payload": Fault(status=200, body=[{"id": "not-a-number", "number": 1}]),
-            "apply_then_5xx": Fault(after_apply_status=502),
         }[name]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from nexus_pipelines.connectors.core.compose import compose
 from nexus_pipelines.connectors.core.registration import Registration, parse_registration
@@ -10,7 +10,7 @@ from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import GitLabSimulator, GitLabState, SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
-from nexus_pipelines.local.worlds.simulated import SimulatorWorld, TRANSPORT_FAULTS
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld
 from nexus_pipelines.local.worlds.tokens import gitlab_token
 
 PROJECT_ID = 278964
@@ -22,9 +22,6 @@ _OPERATIONS = {"list": "list_issues", "comment": "create_note", "close": "edit_i
 
 
 def _fault(name: str) -> Fault:
-    transport = TRANSPORT_FAULTS.get(name)
-    if transport is not None:
-        return Fault(transport=transport)
     limit_headers = {"RateLimit-Name": "throttle_authenticated_api", "RateLimit-Limit": "600",
                      "RateLimit-Observed": "601", "RateLimit-Remaining": "0"}
     return {
@@ -35,7 +32,6 @@ def _fault(name: str) -> Fault:
         "authorization": Fault(status=403, body={"error": "insufficient_scope", "scope": "api"}),
         "ordinary_4xx": Fault(status=404, body={"message": "404 Not found"}),
         "invalid_payload": Fault(status=200, body=[{"id": "not-a-number", "iid": 1}]),
-        "apply_then_5xx": Fault(after_apply_status=502),
     }[name]
 
 
@@ -43,7 +39,7 @@ class GitLabWorld(SimulatorWorld):
     kind = "gitlab"
     operations = _OPERATIONS
     route = staticmethod(GitLabSimulator.route)
-    fault = staticmethod(_fault)
+    provider_fault = staticmethod(_fault)
 
     def __init__(self, *, project_id: int = PROJECT_ID, token: str = gitlab_token("conformance-0123456789abcd"),
                  keyset_for_issues: bool = True) -> None:
@@ -77,23 +73,13 @@ class GitLabWorld(SimulatorWorld):
     def _iid(self, external_ref: str) -> int:
         return int(external_ref.rsplit(":", 1)[1])
 
-    def add_issues(self, count: int, *, same_updated_at: bool = False, title: str = "Issue") -> list[str]:
-        start = self.state.clock.now()
-        refs = []
-        for n in range(count):
-            moment = start if same_updated_at else start + timedelta(milliseconds=n)
-            issue = self.state.add_issue(self.project_id, title=f"{title} {n}", description=f"Body {n}",
-                                         labels=["bug"] if n % 2 else [], updated_at=moment)
-            refs.append(self._ref(issue.iid))
-        self.state.clock.advance(1)
-        return refs
+    def _add_issue(self, title: str, *, body: str, labels: list[str], updated_at: datetime) -> str:
+        issue = self.state.add_issue(self.project_id, title=title, description=body, labels=labels,
+                                     updated_at=updated_at)
+        return self._ref(issue.iid)
 
-    def update_issue(self, external_ref: str, *, title: str) -> None:
+    def _retitle(self, external_ref: str, title: str) -> None:
         self.state.update_issue(self.project_id, self._iid(external_ref), title=title)
-        self.state.clock.advance(0.001)
-
-    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
-        return self._ref(self.state.add_issue(self.project_id, title=title, updated_at=updated_at).iid)
 
     def delete_issue(self, external_ref: str) -> None:
         del self.state.projects[self.project_id].issues[self._iid(external_ref)]
@@ -112,4 +98,4 @@ class GitLabWorld(SimulatorWorld):
         from nexus_pipelines.local.simulators.gitlab import Note, User
 
         issue = self.state.issue(self.project_id, self._iid(external_ref))
-        issue.notes.append(Note(self.state._next_id(), body, User(8, "someone", "Some One"), self.state.clock.now()))
+        issue.notes.append(Note(self.state.next_id(), body, User(8, "someone", "Some One"), self.state.clock.now()))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import secrets
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from nexus_pipelines.connectors.core.compose import compose
 from nexus_pipelines.connectors.core.registration import Registration, parse_registration
@@ -20,7 +20,7 @@ from nexus_pipelines.connectors.registry import REGISTRY
 from nexus_pipelines.local.simulators.gitlab import SimClock
 from nexus_pipelines.local.simulators.http import Fault, SimulatorTransport
 from nexus_pipelines.local.simulators.jira import SUBTASK, JiraSimulator, JiraState
-from nexus_pipelines.local.worlds.simulated import TRANSPORT_FAULTS, SimulatorWorld, SwitchTransport
+from nexus_pipelines.local.worlds.simulated import SimulatorWorld, SwitchTransport
 
 PROJECT_ID = 10000
 DONE_STATUS = 10002
@@ -42,8 +42,6 @@ def new_token() -> str:
 
 
 def _fault(name: str) -> Fault:
-    if name in TRANSPORT_FAULTS:
-        return Fault(transport=TRANSPORT_FAULTS[name])
     return {
         "throttled": Fault(status=429, headers={**_LIMITED, "Retry-After": "1"}),
         "throttled_long": Fault(status=429, headers={**_LIMITED, "Retry-After": "3600"}),
@@ -53,7 +51,6 @@ def _fault(name: str) -> Fault:
         "ordinary_4xx": Fault(status=404, body={"errorMessages": ["Issue does not exist or you do not have "
                                                                   "permission to see it."], "errors": {}}),
         "invalid_payload": Fault(status=200, body={"issues": [{"id": 10001, "key": "PLAT-1"}], "isLast": True}),
-        "apply_then_5xx": Fault(after_apply_status=502),
     }[name]
 
 
@@ -61,7 +58,7 @@ class JiraWorld(SimulatorWorld):
     kind = "jira"
     operations = _OPERATIONS
     route = staticmethod(JiraSimulator.route)
-    fault = staticmethod(_fault)
+    provider_fault = staticmethod(_fault)
 
     def __init__(self, *, project_id: int = PROJECT_ID, cloud_id: str | None = None, token: str | None = None,
                  clock: SimClock | None = None) -> None:
@@ -108,29 +105,17 @@ class JiraWorld(SimulatorWorld):
     def issue_id(external_ref: str) -> int:
         return int(external_ref.rsplit(":", 1)[1])
 
-    def add_issues(self, count: int, *, same_updated_at: bool = False, title: str = "Issue") -> list[str]:
-        start = self.state.clock.now()
-        refs = []
-        for n in range(count):
-            moment = start if same_updated_at else start + timedelta(milliseconds=n)
-            issue = self.state.add_issue(self.cloud_id, self.project_id, summary=f"{title} {n}",
-                                         description=f"Body {n}", labels=["bug"] if n % 2 else [],
-                                         updated_at=moment)
-            refs.append(self.ref(issue.id))
-        self.state.clock.advance(1)
-        return refs
+    def _add_issue(self, title: str, *, body: str, labels: list[str], updated_at: datetime) -> str:
+        issue = self.state.add_issue(self.cloud_id, self.project_id, summary=title, description=body, labels=labels,
+                                     updated_at=updated_at)
+        return self.ref(issue.id)
 
-    def update_issue(self, external_ref: str, *, title: str) -> None:
+    def _retitle(self, external_ref: str, title: str) -> None:
         self.state.update_issue(self.cloud_id, self.issue_id(external_ref), summary=title)
-        self.state.clock.advance(0.001)
 
     def delete_issue(self, external_ref: str) -> None:
         with self.state._lock:
             del self.state.issues[(self.cloud_id, self.issue_id(external_ref))]
-
-    def add_issue_at(self, updated_at: datetime, *, title: str = "Issue") -> str:
-        return self.ref(self.state.add_issue(self.cloud_id, self.project_id, summary=title,
-                                             updated_at=updated_at).id)
 
     def index_late(self, external_ref: str, until: datetime) -> None:
         """Keep the issue out of search results until `until` (its reindex lags behind)."""
