@@ -1,7 +1,8 @@
-"""What every provider adapter's transport shares: turning an httpx outcome into the seam's
-typed failures, an invocation's own deadline, and the bits of response parsing that are
-the same everywhere (the `Link` header's `rel="next"`, the `Date` header, a one-line
-pydantic error).
+"""What every provider adapter's transport shares: turning an httpx outcome, or a token or
+reference the adapter cannot read, into the seam's typed failures; an invocation's own
+deadline; the close-back steps that are the same everywhere; and the bits of response
+parsing that are the same everywhere (the `Link` header's `rel="next"`, the `Date` header,
+a one-line pydantic error, a read's body or its failure).
 
 Not core: providers choose their own status tables; these are the provider-neutral parts
 of them. A `Problem` says whether a write may have been applied, which decides whether
@@ -16,23 +17,30 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import httpx
 from pydantic import ValidationError
 
 from nexus_pipelines.connectors.core.values import (
+    CURSOR_MAX_CHARS,
     DETAIL_MAX_CHARS,
     AmbiguousWrite,
+    CloseExternalIssue,
     CloseExternalIssueResult,
     CloseFailure,
     ConnectorAttempt,
     ConnectorReceipt,
+    ExternalIssue,
+    ExternalIssuePage,
     FetchFailure,
     first_error,
 )
+from nexus_pipelines.connectors.scan_cursor import CursorError
 from nexus_pipelines.integrations.http import ENDPOINT, BodyTooLarge, EgressRefused, GateClosed, bounded_timeout, origin_of
 from nexus_pipelines.redaction import one_line
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -111,6 +119,49 @@ def close_failure(problem: Problem, disposition: str = "not_written") -> CloseFa
                         detail=problem.detail[:DETAIL_MAX_CHARS], retry_after_seconds=_wait(problem))
 
 
+def invalid_payload(detail: str) -> FetchFailure:
+    """The failure for an answer that parsed but breaks what the adapter may accept (terminal)."""
+    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:DETAIL_MAX_CHARS])
+
+
+def decoded_cursor(decode: Callable[[str | None], T], token: str | None) -> T | FetchFailure:
+    """A fetch's cursor token decoded; one the provider's cursor cannot read is a contract violation."""
+    try:
+        return decode(token)
+    except CursorError as exc:
+        return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+
+
+class PageCursor(Protocol):
+    """A provider's cursor once it has taken a page (`GitHubCursor`, `GitLabCursor`, `JiraCursor`)."""
+
+    rescan: bool
+
+    @property
+    def scan_goes_on(self) -> bool: ...
+
+    def encode(self) -> str: ...
+
+
+def issue_page(issues: list[ExternalIssue], excluded: int, after: PageCursor,
+               too_long: str) -> ExternalIssuePage | FetchFailure:
+    """The page a fetch answers, with the token of the cursor `after` it; a token longer than
+    the seam carries is the provider's answer's fault (`too_long` names the part that grew)."""
+    token = after.encode()
+    if len(token) > CURSOR_MAX_CHARS:
+        return invalid_payload(too_long)
+    return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
+                             excluded=excluded, rescan=after.rescan)
+
+
+def item_of(external_ref: str, kind: str, container: str) -> str | None:
+    """The item part of `external_ref` when it names an item of this registration
+    (`<kind>:<container>:<digits>`), else None."""
+    ref_kind, _, rest = external_ref.partition(":")
+    ref_container, _, item = rest.partition(":")
+    return item if ref_kind == kind and ref_container == container and item.isdigit() else None
+
+
 @dataclass(frozen=True)
 class MarkerLookup:
     """A search of one issue's comments for a command's marker: found (the comment id),
@@ -125,8 +176,6 @@ class MarkerLookup:
 # `send`, so none outlives the invocation's deadline. Reads only: a write is never repeated here.
 RECONCILE_READS = 3
 
-T = TypeVar("T")
-
 
 def _reread(read: Callable[[], T], problem_of: Callable[[T], Problem | None]) -> T:
     for _ in range(RECONCILE_READS - 1):
@@ -140,6 +189,24 @@ def _reread(read: Callable[[], T], problem_of: Callable[[T], Problem | None]) ->
 def lookup_marker(find_marker: Callable[[], MarkerLookup]) -> MarkerLookup:
     """The marker lookup, read again while it is inconclusive for a retryable reason."""
     return _reread(find_marker, lambda lookup: lookup.problem)
+
+
+def earlier_comment(command: CloseExternalIssue,
+                    find_marker: Callable[[], MarkerLookup]) -> tuple[str | None, CloseFailure | None]:
+    """Before anything is written: (the comment an earlier invocation of `command` left, found
+    by its marker when core says one may have, else None; None), or (None, the failure when
+    the lookup cannot tell)."""
+    if not command.reconcile_first:
+        return None, None
+    lookup = lookup_marker(find_marker)
+    if lookup.problem is not None:
+        return None, close_failure(lookup.problem)
+    return lookup.found, None
+
+
+def close_receipt(command: CloseExternalIssue, comment_ref: str) -> ConnectorReceipt:
+    return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
+                            marker=command.marker, comment_ref=comment_ref)
 
 
 def after_comment_write(problem: Problem,
@@ -238,5 +305,18 @@ def unreadable_body(exc: ValidationError, what: str) -> FetchFailure:
     if body_is_truncated(exc):
         return FetchFailure(retry_class="retryable", reason="transport_protocol",
                             detail=f"{what}: the response body is not complete JSON")
-    return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                        detail=f"{what}: {first_error(exc)}"[:300])
+    return invalid_payload(f"{what}: {first_error(exc)}")
+
+
+def read_body(response: httpx.Response | Problem, what: str, classify: Callable[[httpx.Response, str], Problem],
+              parse: Callable[[bytes], T]) -> T | FetchFailure:
+    """A read's answer: the body of a 200 as `parse` reads it, or the fetch failure (the
+    transport's problem, the provider's `classify` of any other status, `unreadable_body`)."""
+    if isinstance(response, Problem):
+        return fetch_failure(response)
+    if response.status_code != 200:
+        return fetch_failure(classify(response, what))
+    try:
+        return parse(response.content)
+    except ValidationError as exc:
+        return unreadable_body(exc, what)

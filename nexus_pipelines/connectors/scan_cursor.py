@@ -64,6 +64,52 @@ def next_scan_since(since: datetime | None, hwm: datetime | None, scan_from: dat
     return since if since is not None and start < since else start
 
 
+@dataclass(frozen=True)
+class ScanToken:
+    """The fields every provider's cursor token starts with, in this order:
+    `<prefix>;n=<seq>;since=<t>;from=<t>;hwm=<t>`. `n` grows with every page (so the token
+    always advances), `since` is the scan's lower bound, `from` the provider's `Date` when
+    the scan's first page was served and `hwm` the newest update the scan saw. A provider's
+    cursor adds its own fields after these, and keeps its own prefix and pattern."""
+
+    seq: int = 0
+    since: datetime | None = None
+    scan_from: datetime | None = None
+    hwm: datetime | None = None
+
+    def head(self, prefix: str, form: Callable[[datetime | None], str]) -> str:
+        """The token's leading fields, its times in the provider's `form`."""
+        return f"{prefix};n={self.seq};since={form(self.since)};from={form(self.scan_from)};hwm={form(self.hwm)}"
+
+    def newest(self, items: Sequence[Item]) -> datetime | None:
+        """The scan's high-water mark once it has also read `items`."""
+        return max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+
+
+def token_fields(pattern: re.Pattern[str], token: str, provider: str) -> tuple[str | None, ...]:
+    """The fields of a provider's cursor token, as `pattern` groups them."""
+    match = pattern.match(token)
+    if not match:
+        raise CursorError(f"not a {provider} cursor token")
+    return match.groups()
+
+
+def next_path(field: str, provider: str) -> str | None:
+    """A token's `next` field read as the path of the next page (None at a scan's start): a
+    path, so the page is always asked of the configured API."""
+    if field == NONE:
+        return None
+    if not field.startswith("/"):
+        raise CursorError(f"the next link of a {provider} cursor is a path")
+    return field
+
+
+def watch_field(watch: Watch) -> str:
+    """A token's optional `;w=<watch>` field: empty when the watch has nothing to remember."""
+    encoded = watch.encode()
+    return f";w={encoded}" if encoded else ""
+
+
 def is_keyset_link(link: str, keyset_param: str | None) -> bool:
     """Whether a next link carries the provider's keyset position (GitHub `after=`, GitLab
     `cursor=`); any other next link is an offset (page-number) link, and so is every opaque

@@ -31,7 +31,6 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, SecretStr, Ty
 
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.values import (
-    CURSOR_MAX_CHARS,
     CloseExternalIssue,
     CloseExternalIssueResult,
     ConnectorAttempt,
@@ -54,21 +53,25 @@ from nexus_pipelines.connectors.github.app_auth import (
 )
 from nexus_pipelines.connectors.github.closeback import CloseBack
 from nexus_pipelines.connectors.github.config import GitHubConfig
-from nexus_pipelines.connectors.github.cursor import CursorError, GitHubCursor, format_time
+from nexus_pipelines.connectors.github.cursor import GitHubCursor, format_time
 from nexus_pipelines.connectors.github.limits import CONTENT_BUDGET, LIMIT_STATUSES, status_problem
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
-    body_is_truncated,
     close_failure,
+    decoded_cursor,
     fetch_failure,
+    invalid_payload,
+    issue_page,
+    item_of,
     next_link,
+    read_body,
     send,
     served_at,
 )
-from nexus_pipelines.connectors.provider_gate import GatePolicy
+from nexus_pipelines.connectors.provider_client import ClientOwner, gated_client
 from nexus_pipelines.connectors.scan_cursor import holdable
-from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
+from nexus_pipelines.integrations.http import HeaderTokenAuth, origin_of
 
 KIND = "github"
 API_VERSION = "2022-11-28"
@@ -134,7 +137,7 @@ _ITEMS = TypeAdapter(list[dict])
 
 
 def _invalid_listing(exc: ValidationError) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=f"listing issues: {first_error(exc)}")
+    return invalid_payload(f"listing issues: {first_error(exc)}")
 
 
 def _invalid_item(data: dict, exc: ValidationError) -> FetchFailure:
@@ -148,7 +151,7 @@ def _invalid_item(data: dict, exc: ValidationError) -> FetchFailure:
 
 
 def _invalid_issue(number: int, exc: ValidationError) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=f"issue {number}: {first_error(exc)}")
+    return invalid_payload(f"issue {number}: {first_error(exc)}")
 
 
 def _first_page_params(since: datetime | None, page_size: int) -> dict:
@@ -158,7 +161,7 @@ def _first_page_params(since: datetime | None, page_size: int) -> dict:
     return params
 
 
-class GitHubConnector:
+class GitHubConnector(ClientOwner):
     """One composed GitHub registration: its pinned config, the App key and the current
     installation token, both in process memory only."""
 
@@ -171,10 +174,8 @@ class GitHubConnector:
         self._clock = ProviderClock(clock)
         self._installation = Installation(config.app_id, config.installation_id, config.repository_id)
         self._token = InstallationToken(self._installation, self._clock)
-        gate = context.gate(GatePolicy.for_origin(config.api_url, f"installation {config.installation_id}",
-                                                  LIMIT_STATUSES, CONTENT_BUDGET))
-        self._http = make_client(
-            config.api_url, transport=context.transport, counter=context.counter, gate=gate,
+        self._http = gated_client(
+            context, config.api_url, f"installation {config.installation_id}", LIMIT_STATUSES, CONTENT_BUDGET,
             headers={"Accept": "application/vnd.github+json", "User-Agent": "nexus-pipelines",
                      "X-GitHub-Api-Version": API_VERSION},
         )
@@ -182,17 +183,13 @@ class GitHubConnector:
     def __repr__(self) -> str:
         return f"GitHubConnector(repository_id={self._config.repository_id})"
 
-    def close(self) -> None:
-        self._http.close()
-
     # -- requests and credentials ---------------------------------------------------
 
     def _send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:
         """One request under the deadline, the installation's gate and a fresh installation token."""
-        if not self._token.fresh():
-            problem = self.mint(deadline)
-            if problem is not None:
-                return problem
+        problem = self.fresh_token(deadline)
+        if problem is not None:
+            return problem
         response = self._request(method, url, deadline, endpoint,
                                  auth=HeaderTokenAuth("Authorization", self._token.value, scheme="Bearer"), **kwargs)
         if isinstance(response, httpx.Response) and response.status_code == 401:
@@ -205,6 +202,10 @@ class GitHubConnector:
             return response
         self._clock.observe(response)
         return response
+
+    def fresh_token(self, deadline: Deadline) -> Problem | None:
+        """None once the installation token is fresh (minted now if it was not), else why it is not."""
+        return None if self._token.fresh() else self.mint(deadline)
 
     def mint(self, deadline: Deadline) -> Problem | None:
         """Exchange a fresh App JWT for an installation token narrowed to the repository. A 401
@@ -243,18 +244,26 @@ class GitHubConnector:
     def _repo_path(self) -> str:
         return f"{self._origin}{self._prefix}/repos/{self._token.full_name}"
 
+    def _api_link(self, link: str) -> httpx.URL | FetchFailure:
+        """A next-page link GitHub gave, refused unless it is a URL inside the configured API."""
+        try:
+            parsed = httpx.URL(link)
+        except httpx.InvalidURL:
+            return invalid_payload("the next-page link is not a URL")
+        if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
+            return invalid_payload("the next-page link points outside the configured API")
+        return parsed
+
     # -- fetch ------------------------------------------------------------------------
 
     def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
-        try:
-            cursor = GitHubCursor.decode(request.cursor)
-        except CursorError as exc:
-            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        cursor = decoded_cursor(GitHubCursor.decode, request.cursor)
+        if isinstance(cursor, FetchFailure):
+            return cursor
         deadline = Deadline(attempt)
-        if not self._token.fresh():  # the listing URL needs the repository's current name
-            problem = self.mint(deadline)
-            if problem is not None:
-                return fetch_failure(problem)
+        problem = self.fresh_token(deadline)  # the listing URL needs the repository's current name
+        if problem is not None:
+            return fetch_failure(problem)
         url, params, headers = self._listing(cursor, request.page_size)
         response = self._send("GET", url, deadline, "list_issues", params=params, headers=headers)
         if isinstance(response, Problem):
@@ -266,9 +275,10 @@ class GitHubConnector:
             # go on in the cursor form, or restart, missing nothing (`GitHubCursor.refused`)
             in_cursor_form = self._first_page_path(urlsplit(cursor.next).path, request.page_size, after="")
             return ExternalIssuePage(issues=(), next_cursor=cursor.refused(in_cursor_form).encode(), exhausted=False)
-        if response.status_code != 200:
-            return fetch_failure(status_problem(response, "listing issues", self._clock))
-        return self._page(response, cursor, request.page_size)
+        raw = read_body(response, "listing issues", self.classify, _ITEMS.validate_json)
+        if isinstance(raw, FetchFailure):
+            return raw
+        return self._page(raw, response, cursor, request.page_size)
 
     def _listing(self, cursor: GitHubCursor, page_size: int) -> tuple[str, dict | None, dict]:
         if not cursor.at_scan_start:
@@ -285,14 +295,8 @@ class GitHubConnector:
         return lambda since: base.copy_with(params={**_first_page_params(since, page_size), **extra}).raw_path.decode(
             "ascii")
 
-    def _page(self, response: httpx.Response, cursor: GitHubCursor, page_size: int) -> FetchIssuePageResult:
-        try:
-            raw = _ITEMS.validate_json(response.content)
-        except ValidationError as exc:
-            if body_is_truncated(exc):
-                return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                                    detail="listing issues: the response body is not complete JSON")
-            return _invalid_listing(exc)
+    def _page(self, raw: list[dict], response: httpx.Response, cursor: GitHubCursor,
+              page_size: int) -> FetchIssuePageResult:
         items, issues = [], []
         for data in raw:
             try:
@@ -309,26 +313,16 @@ class GitHubConnector:
         excluded = len(items) - len(issues)
         link, link_path = next_link(response), ""
         if link is not None:
-            try:
-                parsed = httpx.URL(link)
-            except httpx.InvalidURL:
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail="the next-page link is not a URL")
-            if origin_of(parsed) != self._origin or not parsed.path.startswith(f"{self._prefix}/"):
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail="the next-page link points outside the configured API")
+            parsed = self._api_link(link)
+            if isinstance(parsed, FetchFailure):
+                return parsed
             link, link_path = parsed.raw_path.decode("ascii"), parsed.path
         etag = response.headers.get("ETag")
         etag = etag if etag is not None and _ETAG.fullmatch(etag) else None
         after = cursor.after_page(items=[(str(item.number), item.updated_at) for item in items],
                                   served=served_at(response),
                                   etag=etag, next_link=link, first_page=self._first_page_path(link_path, page_size))
-        token = after.encode()
-        if len(token) > CURSOR_MAX_CHARS:
-            return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                detail="the next-page link or ETag is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
-                                 excluded=excluded, rescan=after.rescan)
+        return issue_page(issues, excluded, after, "the next-page link or ETag is too long for a cursor token")
 
     def _map(self, item: _Issue) -> ExternalIssue:
         user = item.user
@@ -348,17 +342,15 @@ class GitHubConnector:
     # -- close ------------------------------------------------------------------------
 
     def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
-        kind, _, rest = command.external_ref.partition(":")
-        repository, _, number = rest.partition(":")
-        if kind != KIND or repository != str(self._config.repository_id) or not number.isdigit():
+        number = item_of(command.external_ref, KIND, str(self._config.repository_id))
+        if number is None:
             return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
                                 detail=f"{command.external_ref} is not an issue of GitHub repository "
                                        f"{self._config.repository_id}")
         deadline = Deadline(attempt)
-        if not self._token.fresh():  # the issue URL needs the repository's current name
-            problem = self.mint(deadline)
-            if problem is not None:
-                return close_failure(problem)
+        problem = self.fresh_token(deadline)  # the issue URL needs the repository's current name
+        if problem is not None:
+            return close_failure(problem)
         return CloseBack(self, command, f"{self._repo_path()}/issues/{number}", deadline).run()
 
     def send(self, method: str, url: str, deadline: Deadline, endpoint: str, **kwargs) -> httpx.Response | Problem:

@@ -24,8 +24,8 @@ from nexus_pipelines.connectors.provider_http import (
     Problem,
     after_close_write,
     after_comment_write,
-    close_failure,
-    lookup_marker,
+    close_receipt,
+    earlier_comment,
     next_link,
 )
 from nexus_pipelines.integrations.http import origin_of
@@ -75,12 +75,9 @@ class CloseBack:
         self._deadline = deadline
 
     def run(self) -> CloseExternalIssueResult:
-        comment_id = None
-        if self._command.reconcile_first:
-            lookup = lookup_marker(self._find_marker)
-            if lookup.problem is not None:
-                return close_failure(lookup.problem)
-            comment_id = lookup.found
+        comment_id, failure = earlier_comment(self._command, self._find_marker)
+        if failure is not None:
+            return failure
         if comment_id is None:
             comment_id, failure = self._post_comment()
             if failure is not None:
@@ -126,9 +123,7 @@ class CloseBack:
         return closed
 
     def _receipt(self, comment_id: str) -> ConnectorReceipt:
-        command = self._command
-        return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
-                                marker=command.marker, comment_ref=f"comment:{comment_id}")
+        return close_receipt(self._command, f"comment:{comment_id}")
 
     def _find_marker(self) -> MarkerLookup:
         """Every page of the issue's comments, for the exact marker: found, absent (problem None),

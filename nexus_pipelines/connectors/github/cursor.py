@@ -66,14 +66,17 @@ from datetime import UTC, datetime, timedelta
 
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
-    CursorError,
     Item,
+    ScanToken,
     Watch,
     earliest,
     is_keyset_link,
+    next_path,
     next_scan_since,
     page_step,
     parse_time,
+    token_fields,
+    watch_field,
 )
 from nexus_pipelines.connectors.scan_cursor import format_time as format_seconds
 
@@ -99,34 +102,24 @@ def boundary(last: datetime) -> datetime:
 
 
 @dataclass(frozen=True)
-class GitHubCursor:
-    seq: int = 0
-    since: datetime | None = None
-    scan_from: datetime | None = None
-    hwm: datetime | None = None
+class GitHubCursor(ScanToken):
     etag: str | None = None
     next: str | None = None  # path and query of the next page, or None at a scan's start
     watch: Watch = Watch()
     rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
-        watch = self.watch.encode()
-        return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};etag={self.etag or NONE}{f';w={watch}' if watch else ''};"
+        return (f"{self.head(PREFIX, format_time)};etag={self.etag or NONE}{watch_field(self.watch)};"
                 f"next={self.next or NONE}")
 
     @classmethod
     def decode(cls, token: str | None) -> GitHubCursor:
         if token is None:
             return cls()
-        match = _FORMAT.match(token)
-        if not match:
-            raise CursorError("not a GitHub cursor token")
-        seq, since, scan_from, hwm, etag, watch, nxt = match.groups()
-        if nxt != NONE and not nxt.startswith("/"):
-            raise CursorError("the next link of a GitHub cursor is a path")
+        seq, since, scan_from, hwm, etag, watch, nxt = token_fields(_FORMAT, token, "GitHub")
+        nxt = next_path(nxt, "GitHub")
         return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
-                   None if etag == NONE else etag, None if nxt == NONE else nxt, Watch.decode(watch))
+                   None if etag == NONE else etag, nxt, Watch.decode(watch))
 
     @property
     def at_scan_start(self) -> bool:
@@ -143,7 +136,7 @@ class GitHubCursor:
         requests included) are in page order; the scan ends when `next_link` is None.
         `first_page(since)` is the path of the listing's first page from `since`."""
         scan_from = self.scan_from if not self.at_scan_start else served
-        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        hwm = self.newest(items)
         step = page_step(self.watch, items=items, served=served, next_link=next_link,
                          keyset_param=KEYSET_PARAM, boundary=boundary, hwm=_whole_second(hwm))
         if step.kind == "shift":  # the same scan again, from its own bound

@@ -22,7 +22,6 @@ Cursor: `ghs1;<path?query of the next page>`.
 
 from __future__ import annotations
 
-import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from nexus_pipelines.connectors.core.sweep_values import (
@@ -42,20 +41,22 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
     fetch_failure,
+    invalid_payload,
+    item_of,
     next_link,
+    read_body,
     served_at,
     unreadable_body,
 )
-from nexus_pipelines.integrations.http import origin_of
 
 PREFIX = "ghs1;"
 _ITEMS = TypeAdapter(list[dict])
 _ONE = TypeAdapter(dict)
 
 
-def _invalid(detail: str) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
-
+def _listed(content: bytes) -> list[tuple[_Item, bool]]:
+    """A listing page's items, each with whether it is a pull request."""
+    return [(_Item.model_validate(d), "pull_request" in d) for d in _ITEMS.validate_json(content)]
 
 
 class GitHubSweep:
@@ -64,11 +65,8 @@ class GitHubSweep:
 
     def _repo(self, deadline: Deadline) -> str | Problem:
         """The repository's URL under the name GitHub reported when the token was minted."""
-        if not self._c._token.fresh():
-            problem = self._c.mint(deadline)
-            if problem is not None:
-                return problem
-        return self._c._repo_path()
+        problem = self._c.fresh_token(deadline)
+        return problem if problem is not None else self._c._repo_path()
 
     def list_identities(self, request: ListIdentities, attempt: ConnectorAttempt) -> ListIdentitiesResult:
         if request.cursor is not None and not request.cursor.startswith(PREFIX + "/"):
@@ -89,37 +87,29 @@ class GitHubSweep:
             return fetch_failure(response)
         if response.status_code == 304 and request.validator:
             return UnchangedPage(served_at=served_at(response))
-        if response.status_code != 200:
-            return fetch_failure(self._c.classify(response, "listing issues for the sweep"))
-        try:
-            raw = _ITEMS.validate_json(response.content)
-            items = [(_Item.model_validate(d), "pull_request" in d) for d in raw]
-        except ValidationError as exc:
-            return unreadable_body(exc, "listing issues for the sweep")
+        items = read_body(response, "listing issues for the sweep", self._c.classify, _listed)
+        if isinstance(items, FetchFailure):
+            return items
         repository = self._c._config.repository_id
         identities = tuple(IssueIdentity(external_ref=f"{KIND}:{repository}:{item.number}",
                                          external_updated_at=item.updated_at) for item, pull in items if not pull)
         token = None
         link = next_link(response)
         if link is not None:
-            try:
-                parsed = httpx.URL(link)
-            except httpx.InvalidURL:
-                return _invalid("the next-page link is not a URL")
-            if origin_of(parsed) != self._c._origin or not parsed.path.startswith(f"{self._c._prefix}/"):
-                return _invalid("the next-page link points outside the configured API")
+            parsed = self._c._api_link(link)
+            if isinstance(parsed, FetchFailure):
+                return parsed
             token = PREFIX + parsed.raw_path.decode("ascii")
             if len(token) > CURSOR_MAX_CHARS:
-                return _invalid("the next-page link is too long for a cursor token")
+                return invalid_payload("the next-page link is too long for a cursor token")
         etag = response.headers.get("ETag")
         return IdentityPage(identities=identities, next_cursor=token, excluded=len(items) - len(identities),
                             served_at=served_at(response), validator=etag if etag and _ETAG.fullmatch(etag)
                             and len(etag) <= VALIDATOR_MAX_CHARS else None)
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
-        kind, _, rest = request.external_ref.partition(":")
-        repository, _, number = rest.partition(":")
-        if kind != KIND or repository != str(self._c._config.repository_id) or not number.isdigit():
+        number = item_of(request.external_ref, KIND, str(self._c._config.repository_id))
+        if number is None:
             return FetchFailure(retry_class="terminal", reason="unsupported_item",
                                 detail=f"{request.external_ref} is not an issue of GitHub repository "
                                        f"{self._c._config.repository_id}")
@@ -140,13 +130,13 @@ class GitHubSweep:
         except ValidationError as exc:
             return unreadable_body(exc, f"reading issue {number}")
         if str(item.number) != number:
-            return _invalid(f"reading issue {number}: GitHub answered with issue {item.number}")
+            return invalid_payload(f"reading issue {number}: GitHub answered with issue {item.number}")
         if "pull_request" in data:
             return FetchedIssue(issue=None, excluded=True)
         try:
             return FetchedIssue(issue=self._c._map(item))
         except ValidationError as exc:
-            return _invalid(f"issue {number}: {first_error(exc)}")
+            return invalid_payload(f"issue {number}: {first_error(exc)}")
 
 
 def sweep_source(connector: GitHubConnector) -> GitHubSweep:

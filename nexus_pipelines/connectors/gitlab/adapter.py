@@ -26,33 +26,35 @@ from nexus_pipelines.connectors.core.values import (
     ConnectorAttempt,
     ConnectorReceipt,
     ExternalIssue,
-    ExternalIssuePage,
     FetchFailure,
     FetchIssuePage,
     FetchIssuePageResult,
     first_error,
 )
 from nexus_pipelines.connectors.gitlab.config import GitLabConfig
-from nexus_pipelines.connectors.gitlab.cursor import CursorError, GitLabCursor, format_time
+from nexus_pipelines.connectors.gitlab.cursor import GitLabCursor, format_time
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
     MarkerLookup,
     Problem,
     after_close_write,
     after_comment_write,
-    body_is_truncated,
-    close_failure,
-    fetch_failure,
-    lookup_marker,
+    close_receipt,
+    decoded_cursor,
+    earlier_comment,
+    invalid_payload,
+    issue_page,
+    item_of,
     next_link,
     other_status_problem,
+    read_body,
     redirect_problem,
     send,
     served_at,
 )
-from nexus_pipelines.connectors.provider_gate import GatePolicy
+from nexus_pipelines.connectors.provider_client import JSON_HEADERS, ClientOwner, gated_client
 from nexus_pipelines.connectors.rate_limits import wait_seconds
-from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client, origin_of
+from nexus_pipelines.integrations.http import HeaderTokenAuth, origin_of
 
 KIND = "gitlab"
 MAX_NOTE_PAGES = 50  # a marker lookup reads at most 5,000 notes before it calls itself inconclusive
@@ -127,7 +129,7 @@ def _first_page_params(since: datetime | None, page_size: int) -> dict:
     return params
 
 
-class GitLabConnector:
+class GitLabConnector(ClientOwner):
     """One composed GitLab registration: its pinned config and process-local token."""
 
     def __init__(self, config: GitLabConfig, token: SecretStr, context: ComposeContext) -> None:
@@ -137,26 +139,18 @@ class GitLabConnector:
         self._prefix = httpx.URL(config.base_url).path.rstrip("/") + "/api/v4"
         self._listing = f"{self._prefix}/projects/{self._project}/issues"
         # GitLab limits per user and token: the token's reference name is the identity (never its value)
-        gate = context.gate(GatePolicy.for_origin(config.base_url, f"token {config.token}", LIMIT_STATUSES))
-        self._http = make_client(
-            config.base_url, transport=context.transport, counter=context.counter, gate=gate,
-            auth=HeaderTokenAuth("PRIVATE-TOKEN", token.get_secret_value),
-            headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
-        )
+        self._http = gated_client(context, config.base_url, f"token {config.token}", LIMIT_STATUSES,
+                                  auth=HeaderTokenAuth("PRIVATE-TOKEN", token.get_secret_value), headers=JSON_HEADERS)
 
     def __repr__(self) -> str:
         return f"GitLabConnector(project_id={self._project})"
 
-    def close(self) -> None:
-        self._http.close()
-
     # -- fetch ------------------------------------------------------------------------
 
     def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
-        try:
-            cursor = GitLabCursor.decode(request.cursor)
-        except CursorError as exc:
-            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        cursor = decoded_cursor(GitLabCursor.decode, request.cursor)
+        if isinstance(cursor, FetchFailure):
+            return cursor
         deadline = Deadline(attempt)
         if cursor.next is not None:
             url = httpx.URL(f"{self._origin}{cursor.next}")
@@ -169,18 +163,9 @@ class GitLabConnector:
             # pages, which the cursor re-anchors (one more call per first page on such a server)
             url = url.copy_remove_param("pagination")
             response = self._send("GET", url, deadline, "list_issues")
-        if isinstance(response, Problem):
-            return fetch_failure(response)
-        if response.status_code != 200:
-            return fetch_failure(_status_problem(response, "listing issues"))
-        try:
-            raw = _ISSUES.validate_json(response.content)
-        except ValidationError as exc:
-            if body_is_truncated(exc):
-                return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                                    detail="listing issues: the response body is not complete JSON")
-            return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                detail=f"listing issues: {first_error(exc)}")
+        raw = read_body(response, "listing issues", _status_problem, _ISSUES.validate_json)
+        if isinstance(raw, FetchFailure):
+            return raw
         return self._page(raw, response, cursor, request)
 
     def _page(self, raw: list[_Issue], response: httpx.Response, cursor: GitLabCursor,
@@ -188,23 +173,19 @@ class GitLabConnector:
         issues, excluded = [], 0
         for item in raw:
             if item.project_id != self._project:
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail=f"issue {item.iid} belongs to project {item.project_id}, not {self._project}")
+                return invalid_payload(f"issue {item.iid} belongs to project {item.project_id}, not {self._project}")
             if item.issue_type not in self._config.issue_types:
                 excluded += 1
                 continue
             try:
                 issues.append(self._map(item))
             except ValidationError as exc:
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail=f"issue {item.iid}: {first_error(exc)}")
+                return invalid_payload(f"issue {item.iid}: {first_error(exc)}")
         link = next_link(response)
         if link is not None:
-            parsed = httpx.URL(link)
-            if origin_of(parsed) != self._origin:
-                return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                    detail="the next-page link points to another origin")
-            link = parsed.raw_path.decode("ascii")
+            link = self._link_path(link)
+            if isinstance(link, FetchFailure):
+                return link
         base = httpx.URL(f"{self._origin}{self._listing}")
         after = cursor.after_page(
             items=[(str(i.iid), i.updated_at) for i in raw], served_at=served_at(response), next_link=link,
@@ -212,12 +193,14 @@ class GitLabConnector:
             first_page=lambda since: base.copy_with(params=_first_page_params(since, request.page_size))
             .copy_remove_param("pagination").raw_path.decode("ascii"),
         )
-        token = after.encode()
-        if len(token) > 1024:
-            return FetchFailure(retry_class="terminal", reason="invalid_payload",
-                                detail="the next-page link is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=token, exhausted=not after.scan_goes_on,
-                                 excluded=excluded, rescan=after.rescan)
+        return issue_page(issues, excluded, after, "the next-page link is too long for a cursor token")
+
+    def _link_path(self, link: str) -> str | FetchFailure:
+        """The path of a next-page link GitLab gave, refused unless it is on the configured origin."""
+        parsed = httpx.URL(link)
+        if origin_of(parsed) != self._origin:
+            return invalid_payload("the next-page link points to another origin")
+        return parsed.raw_path.decode("ascii")
 
     def _map(self, item: _Issue) -> ExternalIssue:
         return ExternalIssue(
@@ -236,19 +219,15 @@ class GitLabConnector:
     # -- close ------------------------------------------------------------------------
 
     def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
-        kind, _, rest = command.external_ref.partition(":")
-        project, _, iid = rest.partition(":")
-        if kind != KIND or project != str(self._project) or not iid.isdigit():
+        iid = item_of(command.external_ref, KIND, str(self._project))
+        if iid is None:
             return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
                                 detail=f"{command.external_ref} is not an issue of GitLab project {self._project}")
         deadline = Deadline(attempt)
         base = f"{self._prefix}/projects/{self._project}/issues/{iid}"
-        note_id = None
-        if command.reconcile_first:
-            lookup = lookup_marker(lambda: self._find_marker(base, command.marker, deadline))
-            if lookup.problem is not None:
-                return close_failure(lookup.problem)
-            note_id = lookup.found
+        note_id, failure = earlier_comment(command, lambda: self._find_marker(base, command.marker, deadline))
+        if failure is not None:
+            return failure
         if note_id is None:
             note_id, failure = self._post_note(base, command, deadline)
             if failure is not None:
@@ -303,8 +282,7 @@ class GitLabConnector:
 
     @staticmethod
     def _receipt(command: CloseExternalIssue, note_id: str) -> ConnectorReceipt:
-        return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
-                                marker=command.marker, comment_ref=f"note:{note_id}")
+        return close_receipt(command, f"note:{note_id}")
 
     def _find_marker(self, base: str, marker: str, deadline: Deadline) -> MarkerLookup:
         """Search the issue's notes for the exact marker: found, absent (problem None), or inconclusive."""

@@ -49,14 +49,17 @@ from datetime import datetime, timedelta
 
 from nexus_pipelines.connectors.scan_cursor import (
     NONE,
-    CursorError,
     Item,
+    ScanToken,
     Watch,
     earliest,
     format_time,
+    next_path,
     next_scan_since,
     page_step,
     parse_time,
+    token_fields,
+    watch_field,
 )
 
 PREFIX = "gl1"
@@ -66,19 +69,13 @@ KEYSET_PARAM = "cursor"  # a next link without it is an offset (page-number) lin
 
 
 @dataclass(frozen=True)
-class GitLabCursor:
-    seq: int = 0
-    since: datetime | None = None
-    scan_from: datetime | None = None
-    hwm: datetime | None = None
+class GitLabCursor(ScanToken):
     next: str | None = None  # path and query of the next page, or None at a scan's start
     watch: Watch = Watch()
     rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
-        watch = self.watch.encode()
-        return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)}{f';w={watch}' if watch else ''};next={self.next or NONE}")
+        return f"{self.head(PREFIX, format_time)}{watch_field(self.watch)};next={self.next or NONE}"
 
     @property
     def scan_goes_on(self) -> bool:
@@ -89,14 +86,9 @@ class GitLabCursor:
     def decode(cls, token: str | None) -> GitLabCursor:
         if token is None:
             return cls()
-        match = _FORMAT.match(token)
-        if not match:
-            raise CursorError("not a GitLab cursor token")
-        seq, since, scan_from, hwm, watch, nxt = match.groups()
-        if nxt != NONE and not nxt.startswith("/"):
-            raise CursorError("the next link of a GitLab cursor is a path")
-        return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm),
-                   None if nxt == NONE else nxt, Watch.decode(watch))
+        seq, since, scan_from, hwm, watch, nxt = token_fields(_FORMAT, token, "GitLab")
+        nxt = next_path(nxt, "GitLab")
+        return cls(int(seq), parse_time(since), parse_time(scan_from), parse_time(hwm), nxt, Watch.decode(watch))
 
     def after_page(self, *, items: Sequence[Item], served_at: datetime | None, next_link: str | None,
                    first_page: Callable[[datetime], str]) -> GitLabCursor:
@@ -104,7 +96,7 @@ class GitLabCursor:
         order; the scan ends when `next_link` is None. `first_page(since)` is the path of the
         listing's first page from `since`."""
         scan_from = self.scan_from if self.next is not None else served_at
-        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        hwm = self.newest(items)
         step = page_step(self.watch, items=items, served=served_at, next_link=next_link,
                          keyset_param=KEYSET_PARAM, boundary=lambda t: t, hwm=hwm)
         if step.kind == "shift":  # the same scan again, from its own bound

@@ -38,12 +38,14 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
     fetch_failure,
+    invalid_payload,
+    item_of,
     next_link,
+    read_body,
     served_at,
     unreadable_body,
 )
 from nexus_pipelines.connectors.scan_cursor import is_keyset_link
-from nexus_pipelines.integrations.http import origin_of
 
 PREFIX = "gls1;"
 
@@ -58,10 +60,6 @@ class _Listed(BaseModel):
 
 
 _LISTED = TypeAdapter(list[_Listed])
-
-
-def _invalid(detail: str) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
 
 
 class GitLabSweep:
@@ -84,21 +82,16 @@ class GitLabSweep:
             # a GitLab without keyset pages for issues: ask for offset pages (re-anchored below)
             path = httpx.URL(path).copy_remove_param("pagination").raw_path.decode("ascii")
             response = self._c._send("GET", f"{self._c._origin}{path}", deadline, "list_issues")
-        if isinstance(response, Problem):
-            return fetch_failure(response)
-        if response.status_code != 200:
-            return fetch_failure(_status_problem(response, "listing issues for the sweep"))
-        try:
-            raw = _LISTED.validate_json(response.content)
-        except ValidationError as exc:
-            return unreadable_body(exc, "listing issues for the sweep")
+        raw = read_body(response, "listing issues for the sweep", _status_problem, _LISTED.validate_json)
+        if isinstance(raw, FetchFailure):
+            return raw
         return self._page(raw, response, path, request.page_size)
 
     def _page(self, raw: list[_Listed], response: httpx.Response, path: str, page_size: int) -> ListIdentitiesResult:
         identities, excluded = [], 0
         for item in raw:
             if item.project_id != self._c._project:
-                return _invalid(f"issue {item.iid} belongs to project {item.project_id}, not {self._c._project}")
+                return invalid_payload(f"issue {item.iid} belongs to project {item.project_id}, not {self._c._project}")
             if item.issue_type not in self._c._config.issue_types:
                 excluded += 1
                 continue
@@ -107,10 +100,9 @@ class GitLabSweep:
         link = next_link(response)
         following = None
         if link is not None:
-            parsed = httpx.URL(link)
-            if origin_of(parsed) != self._c._origin:
-                return _invalid("the next-page link points to another origin")
-            following = parsed.raw_path.decode("ascii")
+            following = self._c._link_path(link)
+            if isinstance(following, FetchFailure):
+                return following
             if raw and not is_keyset_link(following, "cursor") and raw[0].created_at < raw[-1].created_at:
                 following = httpx.URL(self._first_page(page_size, raw[-1].created_at))
                 if "pagination=keyset" not in path:
@@ -118,14 +110,13 @@ class GitLabSweep:
                 following = following.raw_path.decode("ascii")
         token = PREFIX + following if following else None
         if token is not None and len(token) > CURSOR_MAX_CHARS:
-            return _invalid("the next-page link is too long for a cursor token")
+            return invalid_payload("the next-page link is too long for a cursor token")
         return IdentityPage(identities=tuple(identities), next_cursor=token, excluded=excluded,
                             served_at=served_at(response))
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
-        kind, _, rest = request.external_ref.partition(":")
-        project, _, iid = rest.partition(":")
-        if kind != KIND or project != str(self._c._project) or not iid.isdigit():
+        iid = item_of(request.external_ref, KIND, str(self._c._project))
+        if iid is None:
             return FetchFailure(retry_class="terminal", reason="unsupported_item",
                                 detail=f"{request.external_ref} is not an issue of GitLab project {self._c._project}")
         url = f"{self._c._prefix}/projects/{self._c._project}/issues/{iid}"
@@ -141,13 +132,14 @@ class GitLabSweep:
         except ValidationError as exc:
             return unreadable_body(exc, f"reading issue {iid}")
         if item.project_id != self._c._project or str(item.iid) != iid:
-            return _invalid(f"reading issue {iid}: GitLab answered with issue {item.iid} of project {item.project_id}")
+            return invalid_payload(f"reading issue {iid}: GitLab answered with issue {item.iid} of project "
+                                   f"{item.project_id}")
         if item.issue_type not in self._c._config.issue_types:
             return FetchedIssue(issue=None, excluded=True)
         try:
             return FetchedIssue(issue=self._c._map(item))
         except ValidationError as exc:
-            return _invalid(f"issue {iid}: {first_error(exc)}")
+            return invalid_payload(f"issue {iid}: {first_error(exc)}")
 
 
 def sweep_source(connector: GitLabConnector) -> GitLabSweep:

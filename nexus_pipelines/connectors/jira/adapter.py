@@ -22,7 +22,6 @@ from pydantic import SecretStr, ValidationError
 
 from nexus_pipelines.connectors.core.registry import ComposeContext
 from nexus_pipelines.connectors.core.values import (
-    CURSOR_MAX_CHARS,
     CloseExternalIssue,
     CloseExternalIssueResult,
     ConnectorAttempt,
@@ -37,18 +36,21 @@ from nexus_pipelines.connectors.jira.account import JiraAccountRefused, check_pr
 from nexus_pipelines.connectors.jira.adf import to_text
 from nexus_pipelines.connectors.jira.closeback import CloseBack
 from nexus_pipelines.connectors.jira.config import JiraConfig
-from nexus_pipelines.connectors.jira.cursor import CursorError, JiraCursor, earliest_meaning, scan_jql
+from nexus_pipelines.connectors.jira.cursor import JiraCursor, earliest_meaning, scan_jql
 from nexus_pipelines.connectors.jira.limits import LIMIT_STATUSES, status_problem
 from nexus_pipelines.connectors.jira.payloads import Issue, Search
 from nexus_pipelines.connectors.provider_http import (
     Deadline,
-    body_is_truncated,
+    decoded_cursor,
     fetch_failure,
+    invalid_payload,
+    issue_page,
+    read_body,
     send,
     served_at,
 )
-from nexus_pipelines.connectors.provider_gate import GatePolicy
-from nexus_pipelines.integrations.http import HeaderTokenAuth, make_client
+from nexus_pipelines.connectors.provider_client import JSON_HEADERS, ClientOwner, gated_client
+from nexus_pipelines.integrations.http import HeaderTokenAuth
 from nexus_pipelines.redaction import basic_credentials
 
 KIND = "jira"
@@ -61,7 +63,7 @@ def _basic(email: str, token: SecretStr):
     return lambda: pair
 
 
-class JiraConnector:
+class JiraConnector(ClientOwner):
     """One composed Jira registration: its pinned config and process-local API token."""
 
     def __init__(self, config: JiraConfig, token: SecretStr, context: ComposeContext) -> None:
@@ -69,26 +71,19 @@ class JiraConnector:
         self._zone = ZoneInfo(config.jql_time_zone)
         self._rest = httpx.URL(config.api_url).path.rstrip("/") + config.rest_prefix
         # Jira limits per account: its email (not a secret) is the identity
-        gate = context.gate(GatePolicy.for_origin(config.api_url, f"account {config.email}", LIMIT_STATUSES))
-        self._http = make_client(
-            config.api_url, transport=context.transport, counter=context.counter, gate=gate,
-            auth=HeaderTokenAuth("Authorization", _basic(config.email, token), scheme="Basic"),
-            headers={"Accept": "application/json", "User-Agent": "nexus-pipelines"},
-        )
+        self._http = gated_client(context, config.api_url, f"account {config.email}", LIMIT_STATUSES,
+                                  auth=HeaderTokenAuth("Authorization", _basic(config.email, token), scheme="Basic"),
+                                  headers=JSON_HEADERS)
 
     def __repr__(self) -> str:
         return f"JiraConnector(cloud_id={self._config.cloud_id}, project_id={self._config.project_id})"
 
-    def close(self) -> None:
-        self._http.close()
-
     # -- fetch ------------------------------------------------------------------------
 
     def fetch_page(self, request: FetchIssuePage, attempt: ConnectorAttempt) -> FetchIssuePageResult:
-        try:
-            cursor = JiraCursor.decode(request.cursor)
-        except CursorError as exc:
-            return FetchFailure(retry_class="terminal", reason="contract_violation", detail=f"cursor: {exc}")
+        cursor = decoded_cursor(JiraCursor.decode, request.cursor)
+        if isinstance(cursor, FetchFailure):
+            return cursor
         params = {"jql": scan_jql(self._config.project_id, cursor.bound, self._zone),
                   "maxResults": request.page_size, "fields": FIELDS}
         if cursor.next is not None:
@@ -100,32 +95,26 @@ class JiraConnector:
         if response.status_code == 400 and cursor.token_expired(served_at(response)):
             # Jira refused a page token older than its 7-day life: the same scan again from its bound
             return ExternalIssuePage(issues=(), next_cursor=cursor.restart().encode(), exhausted=False)
-        if response.status_code != 200:
-            return fetch_failure(status_problem(response, "searching issues"))
-        try:
-            raw = Search.model_validate_json(response.content)
-        except ValidationError as exc:
-            if body_is_truncated(exc):
-                return FetchFailure(retry_class="retryable", reason="transport_protocol",
-                                    detail="searching issues: the response body is not complete JSON")
-            return _invalid(f"searching issues: {first_error(exc)}")
+        raw = read_body(response, "searching issues", status_problem, Search.model_validate_json)
+        if isinstance(raw, FetchFailure):
+            return raw
         return self._page(raw, response, cursor)
 
     def _page(self, raw: Search, response: httpx.Response, cursor: JiraCursor) -> FetchIssuePageResult:
         token = raw.nextPageToken
         if raw.isLast is not None and raw.isLast != (token is None):
-            return _invalid("searching issues: isLast contradicts nextPageToken")
+            return invalid_payload("searching issues: isLast contradicts nextPageToken")
         if token is not None and not _TOKEN.match(token):
-            return _invalid("searching issues: nextPageToken is not printable ASCII without spaces")
+            return invalid_payload("searching issues: nextPageToken is not printable ASCII without spaces")
         floor = earliest_meaning(cursor.bound, self._zone)
         issues, excluded = [], 0
         for item in raw.issues:
             if item.fields.project.id != str(self._config.project_id):
-                return _invalid(f"issue {item.id} belongs to project {item.fields.project.id}, "
-                                f"not {self._config.project_id}")
+                return invalid_payload(f"issue {item.id} belongs to project {item.fields.project.id}, "
+                                       f"not {self._config.project_id}")
             if floor is not None and item.fields.updated < floor:
-                return _invalid(f"issue {item.id} was updated before the query's bound: is provider.jql_time_zone "
-                                "the calling account's profile time zone?")
+                return invalid_payload(f"issue {item.id} was updated before the query's bound: is "
+                                       "provider.jql_time_zone the calling account's profile time zone?")
             if item.fields.issuetype.is_subtask:  # a sub-task belongs to its parent's ticket
                 excluded += 1
                 continue
@@ -133,14 +122,10 @@ class JiraConnector:
                 issues.append(self._map(item))
             except ValueError as exc:  # a refused field (ValidationError), body (AdfError) or state
                 why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-                return _invalid(f"issue {item.id}: {why}")
+                return invalid_payload(f"issue {item.id}: {why}")
         after = cursor.after_page(items=[(item.id, item.fields.updated) for item in raw.issues],
                                   served_at=served_at(response), next_token=token, zone=self._zone)
-        encoded = after.encode()
-        if len(encoded) > CURSOR_MAX_CHARS:
-            return _invalid("searching issues: nextPageToken is too long for a cursor token")
-        return ExternalIssuePage(issues=tuple(issues), next_cursor=encoded, exhausted=not after.scan_goes_on,
-                                 excluded=excluded, rescan=after.rescan)
+        return issue_page(issues, excluded, after, "searching issues: nextPageToken is too long for a cursor token")
 
     def _map(self, item: Issue) -> ExternalIssue:
         fields = item.fields
@@ -173,10 +158,6 @@ class JiraConnector:
 
     def comment_and_close(self, command: CloseExternalIssue, attempt: ConnectorAttempt) -> CloseExternalIssueResult:
         return CloseBack(self._http, self._rest, self._config, command, Deadline(attempt)).run()
-
-
-def _invalid(detail: str) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
 
 
 def build(config: JiraConfig, secrets, context: ComposeContext) -> JiraConnector:

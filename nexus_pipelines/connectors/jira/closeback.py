@@ -37,7 +37,9 @@ from nexus_pipelines.connectors.provider_http import (
     after_close_write,
     after_comment_write,
     close_failure,
-    lookup_marker,
+    close_receipt,
+    earlier_comment,
+    item_of,
     send,
 )
 
@@ -62,22 +64,17 @@ class CloseBack:
         self._config = config
         self._command = command
         self._deadline = deadline
-        kind, _, rest_of_ref = command.external_ref.partition(":")
-        site, _, self._issue_id = rest_of_ref.partition(":")
-        self._ours = kind == "jira" and site == config.cloud_id and self._issue_id.isdigit()
+        self._issue_id = item_of(command.external_ref, "jira", config.cloud_id)
         self._url = f"{rest}/issue/{self._issue_id}"
 
     def run(self) -> CloseExternalIssueResult:
-        if not self._ours:
+        if self._issue_id is None:
             return CloseFailure(retry_class="terminal", reason="unsupported_item", write_disposition="not_written",
                                 detail=f"{self._command.external_ref} is not an issue of Jira site "
                                        f"{self._config.cloud_id}")
-        comment_id = None
-        if self._command.reconcile_first:
-            lookup = lookup_marker(self._find_marker)
-            if lookup.problem is not None:
-                return close_failure(lookup.problem)
-            comment_id = lookup.found
+        comment_id, failure = earlier_comment(self._command, self._find_marker)
+        if failure is not None:
+            return failure
         # A global ("from any status") transition to done is offered while the issue is done,
         # so the status is read first: an issue in the done category is not transitioned again.
         closed = self._is_closed()
@@ -146,9 +143,7 @@ class CloseBack:
         return after_close_write(problem, self._is_closed, lambda: self._receipt(comment_id))
 
     def _receipt(self, comment_id: str) -> ConnectorReceipt:
-        command = self._command
-        return ConnectorReceipt(command_id=command.command_id, external_ref=command.external_ref,
-                                marker=command.marker, comment_ref=f"comment:{comment_id}")
+        return close_receipt(self._command, f"comment:{comment_id}")
 
     def _find_marker(self) -> MarkerLookup:
         """Every page of the issue's comments, oldest first, for the exact marker: found,

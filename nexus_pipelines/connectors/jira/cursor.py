@@ -43,12 +43,15 @@ from nexus_pipelines.connectors.scan_cursor import (
     NONE,
     CursorError,
     Item,
+    ScanToken,
     Watch,
     earliest,
     format_time,
     next_scan_since,
     page_step,
     parse_time,
+    token_fields,
+    watch_field,
 )
 
 PREFIX = "jr1"
@@ -93,11 +96,7 @@ def scan_jql(project_id: int, since: datetime | None, zone: ZoneInfo) -> str:
 
 
 @dataclass(frozen=True)
-class JiraCursor:
-    seq: int = 0
-    since: datetime | None = None
-    scan_from: datetime | None = None
-    hwm: datetime | None = None
+class JiraCursor(ScanToken):
     issued_at: datetime | None = None
     next: str | None = None  # Jira's nextPageToken, or None at a scan's start
     watch: Watch = Watch()
@@ -105,10 +104,8 @@ class JiraCursor:
     rescan: bool = field(default=False, compare=False)  # this token repeats a scan a shift made unsafe; not encoded
 
     def encode(self) -> str:
-        watch = self.watch.encode()
-        return (f"{PREFIX};n={self.seq};since={format_time(self.since)};from={format_time(self.scan_from)};"
-                f"hwm={format_time(self.hwm)};at={format_time(self.issued_at)}"
-                f"{f';a={format_time(self.anchor)}' if self.anchor else ''}{f';w={watch}' if watch else ''};"
+        return (f"{self.head(PREFIX, format_time)};at={format_time(self.issued_at)}"
+                f"{f';a={format_time(self.anchor)}' if self.anchor else ''}{watch_field(self.watch)};"
                 f"next={self.next or NONE}")
 
     @property
@@ -129,10 +126,7 @@ class JiraCursor:
     def decode(cls, token: str | None) -> JiraCursor:
         if token is None:
             return cls()
-        match = _FORMAT.match(token)
-        if not match:
-            raise CursorError("not a Jira cursor token")
-        seq, *times, anchor, watch, nxt = match.groups()
+        seq, *times, anchor, watch, nxt = token_fields(_FORMAT, token, "Jira")
         since, scan_from, hwm, issued_at, anchor = (parse_time(t) for t in (*times, anchor or NONE))
         if any(t is not None and not _EARLIEST <= t < _LATEST for t in (since, scan_from, hwm, issued_at, anchor)):
             raise CursorError("a cursor time is out of range")
@@ -144,7 +138,7 @@ class JiraCursor:
         """The token after one page of this scan, whose issues (id, `updated`) are in page order
         (the scan ends when `next_token` is None); `zone` is the one JQL minutes are read in."""
         scan_from = served_at if self.at_scan_start else self.scan_from
-        hwm = max((t for t in (self.hwm, *(at for _, at in items)) if t is not None), default=None)
+        hwm = self.newest(items)
         step = page_step(self.watch, items=items, served=served_at, next_link=next_token, keyset_param=None,
                          boundary=lambda last: earliest_meaning(last, zone), hwm=hwm)
         if step.kind == "shift":  # the same scan again, from its own bound: see above

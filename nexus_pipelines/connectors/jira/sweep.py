@@ -43,6 +43,9 @@ from nexus_pipelines.connectors.provider_http import (
     Deadline,
     Problem,
     fetch_failure,
+    invalid_payload,
+    item_of,
+    read_body,
     send,
     served_at,
     unreadable_body,
@@ -77,15 +80,9 @@ class _Listing(BaseModel):
     isLast: bool | None = None  # noqa: N815
 
 
-def _invalid(detail: str) -> FetchFailure:
-    return FetchFailure(retry_class="terminal", reason="invalid_payload", detail=detail[:300])
-
-
-
 class JiraSweep:
     def __init__(self, connector: JiraConnector) -> None:
         self._c = connector
-
 
     def list_identities(self, request: ListIdentities, attempt: ConnectorAttempt) -> ListIdentitiesResult:
         match = _CURSOR.match(request.cursor) if request.cursor is not None else None
@@ -97,25 +94,21 @@ class JiraSweep:
             params["nextPageToken"] = token
         response = send(self._c._http, "GET", f"{self._c._rest}/search/jql", Deadline(attempt), "search_issues",
                         params=params)
-        if isinstance(response, Problem):
-            return fetch_failure(response)
-        if response.status_code != 200:
-            return fetch_failure(status_problem(response, "searching issues for the sweep"))
-        try:
-            raw = _Listing.model_validate_json(response.content)
-        except ValidationError as exc:
-            return unreadable_body(exc, "searching issues for the sweep")
+        raw = read_body(response, "searching issues for the sweep", status_problem, _Listing.model_validate_json)
+        if isinstance(raw, FetchFailure):
+            return raw
         following = raw.nextPageToken
         if raw.isLast is not None and raw.isLast != (following is None):
-            return _invalid("searching issues for the sweep: isLast contradicts nextPageToken")
+            return invalid_payload("searching issues for the sweep: isLast contradicts nextPageToken")
         if following is not None and (not _TOKEN.match(following) or not raw.issues):
-            return _invalid("searching issues for the sweep: nextPageToken is not a printable token after a page "
-                            "of issues")
+            return invalid_payload("searching issues for the sweep: nextPageToken is not a printable token after a "
+                                   "page of issues")
         if any(i.fields.created is None for i in raw.issues):
-            return _invalid("searching issues for the sweep: an issue came without the created field asked for")
+            return invalid_payload("searching issues for the sweep: an issue came without the created field "
+                                   "asked for")
         next_cursor = self._next(raw, minute, following) if following is not None else None
         if next_cursor is not None and len(next_cursor) > CURSOR_MAX_CHARS:
-            return _invalid("searching issues for the sweep: nextPageToken is too long for a cursor token")
+            return invalid_payload("searching issues for the sweep: nextPageToken is too long for a cursor token")
         cloud = self._c._config.cloud_id
         identities = tuple(IssueIdentity(external_ref=f"{KIND}:{cloud}:{i.id}", external_updated_at=i.fields.updated)
                            for i in raw.issues if not i.fields.issuetype.is_subtask)
@@ -135,9 +128,8 @@ class JiraSweep:
         return f"{PREFIX}{minute};{following}"
 
     def fetch_issue(self, request: FetchIssue, attempt: ConnectorAttempt) -> FetchIssueResult:
-        kind, _, rest = request.external_ref.partition(":")
-        cloud, _, issue_id = rest.partition(":")
-        if kind != KIND or cloud != self._c._config.cloud_id or not issue_id.isdigit():
+        issue_id = item_of(request.external_ref, KIND, self._c._config.cloud_id)
+        if issue_id is None:
             site = self._c._config.cloud_id
             return FetchFailure(retry_class="terminal", reason="unsupported_item",
                                 detail=f"{request.external_ref} is not an issue of Jira site {site}")
@@ -155,7 +147,7 @@ class JiraSweep:
         except ValidationError as exc:
             return unreadable_body(exc, f"reading issue {issue_id}")
         if item.id != issue_id:
-            return _invalid(f"reading issue {issue_id}: Jira answered with issue {item.id}")
+            return invalid_payload(f"reading issue {issue_id}: Jira answered with issue {item.id}")
         if item.fields.project.id != str(self._c._config.project_id):
             return FetchedIssue(issue=None)  # moved to another project: not this registration's any more
         if listed.fields.issuetype.is_subtask:
@@ -164,7 +156,7 @@ class JiraSweep:
             return FetchedIssue(issue=self._c._map(item))
         except ValueError as exc:  # a refused field (ValidationError), body (AdfError) or state
             why = first_error(exc) if isinstance(exc, ValidationError) else str(exc)
-            return _invalid(f"issue {issue_id}: {why}")
+            return invalid_payload(f"issue {issue_id}: {why}")
 
 
 def sweep_source(connector: JiraConnector) -> JiraSweep:
