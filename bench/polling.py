@@ -1,7 +1,7 @@
 """Polling benchmark: a full issue sync, an unchanged re-poll, a close-back, and the poll sensor.
 
     python bench/polling.py --provider gitlab|github|jira|both|all [--issues 10000] [--close-backs 200]
-                            [--analyze after-poll|none]
+                            [--analyze after-poll|none] [--repeat 1]
 
 Against a fresh durable embedded Postgres (fsync on; or NEXUS_PG_DSN) and the provider's
 simulator in process (its time is measured at the transport and subtracted):
@@ -26,7 +26,11 @@ simulator in process (its time is measured at the transport and subtracted):
    flight: that one counts as the next page's fetch); `load_average` is the 1-minute load average when
    the sync starts and when it ends, since on a shared machine the figures follow it, and
    `cpu_steal_pct` the share of the machine's CPU time the host took for other guests during
-   the sync and during the apply (a virtual machine's neighbours slow every figure);
+   the sync and during the apply (a virtual machine's neighbours slow every figure). With
+   `--repeat R` the first sync runs R times, each in a fresh database, and its per-page,
+   apply and no-op figures are the medians of the R rounds (each round's under
+   `first_sync_rounds`; the other figures are the last round's, which the phases below go
+   on from): identical code swings by a third from one sync to the next on a shared machine;
 2. an unchanged re-poll: which rows it writes (receipts, events, work items, observations);
 3. proofs for M tickets and the drain that closes them: provider calls per close-back.
    GitHub's gate spends its documented content budget (80 comments a minute, 500 an
@@ -72,7 +76,9 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -333,11 +339,13 @@ def plant_world(pool, world, operation_of):
 
 
 def bench_database(admin: str, name: str):
-    """A migrated control-plane database `name` on the server of `admin`: its DSN and a pool."""
+    """A fresh migrated control-plane database `name` on the server of `admin` (one an earlier
+    run left on NEXUS_PG_DSN's server is dropped first): its DSN and a pool."""
     from nexus_pipelines.control.db import make_pool
     from nexus_pipelines.control.migrations import apply_migrations
-    from nexus_pipelines.local.postgres import ensure_database, with_database
+    from nexus_pipelines.local.postgres import drop_database, ensure_database, with_database
 
+    drop_database(admin, name)
     ensure_database(admin, name)
     dsn = with_database(admin, name)
     apply_migrations(dsn)
@@ -347,18 +355,37 @@ def bench_database(admin: str, name: str):
 GROUPS = {"both": ["github", "gitlab"], "all": sorted(PROVIDERS)}
 
 
-def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
-    from nexus_pipelines.connectors.core import store
+@dataclass
+class FirstSync:
+    """One first sync (poll, route, drain) in a database of its own: its figures, and what the
+    later phases take over from it."""
+
+    database: str
+    dsn: str
+    pool: Any
+    world: Any
+    plant: Any
+    timed: TimedTransport
+    registration: Any
+    figures: dict
+
+
+# The first sync's figures that --repeat reports as the median of its rounds (each round's own
+# under `first_sync_rounds`): on a shared machine one sync's figures swing by a third.
+ROUND_FIGURES = ("per_page_overhead_ms", "per_page_fetch_own_ms", "per_page_commit_ms", "route_s", "drain_s",
+                 "apply_s", "tickets_per_s", "noop_items_per_s", "apply_vs_noop", "first_sync_own_s")
+
+
+def first_sync(provider: str, admin: str, args, database: str) -> FirstSync:
     from nexus_pipelines.connectors.core.tick import poll
     from nexus_pipelines.connectors.registry import REGISTRY
     from nexus_pipelines.local.worlds.plant import executor
 
-    dsn, pool = bench_database(admin, f"bench_polling_{provider}")
+    dsn, pool = bench_database(admin, database)
     world, operation_of = PROVIDERS[provider](args.issues)
     plant, timed = plant_world(pool, world, operation_of)
     registration = world.registration(key="bench", page_size=100)
     plant.activate(registration)
-    # 1. full sync, page by page
     with pool.connection() as conn:
         load = [round(os.getloadavg()[0], 2)]
         steal = {"sync": Steal()}
@@ -370,7 +397,6 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
         steal["sync"] = steal["sync"].pct()
     pages, sim_s, calls = report.totals["pages"], timed.seconds, timed.calls.get("list", 0)
     fetch_s, commit_s = (sum(getattr(t, part) for t in report.ticks) for part in ("fetch_s", "commit_s"))
-    rid = registration.registration_id
     if args.analyze == "after-poll":
         with pool.connection() as conn:
             conn.execute("ANALYZE")
@@ -379,13 +405,66 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     plant.route()
     route_s = time.perf_counter() - started
     started = time.perf_counter()
-    drained = drain_all(pool, plant.registry(), rid, "first sync")
+    drained = drain_all(pool, plant.registry(), registration.registration_id, "first sync")
     drain_s = time.perf_counter() - started
     apply_s = route_s + drain_s
     steal["apply"] = steal["apply"].pct()
     with pool.connection() as conn:
         _expect("the first sync", "tickets", _rows(conn)["tickets"], args.issues)
     noop_per_s = _noop_items_per_s(pool, args.issues)
+    figures = {
+        "calls": calls,
+        "min_calls": math.ceil(args.issues / 100),
+        "pages": pages,
+        "sync_s": round(sync_s, 2),
+        "simulator_s": round(sim_s, 2),
+        "per_page_overhead_ms": round((sync_s - sim_s) / max(pages, 1) * 1000, 2),
+        "per_page_fetch_own_ms": round((fetch_s - sim_s) / max(pages, 1) * 1000, 2),
+        "per_page_commit_ms": round(commit_s / max(pages, 1) * 1000, 2),
+        "load_average": load,
+        "cpu_steal_pct": steal,
+        "analyze": args.analyze,
+        "route_s": round(route_s, 2),
+        "drain_s": round(drain_s, 2),
+        "apply_s": round(apply_s, 2),
+        "tickets_per_s": round(drained.completed / apply_s, 1) if apply_s else None,
+        "noop_items_per_s": noop_per_s,
+        "apply_vs_noop": round(drained.completed / apply_s / noop_per_s, 3) if apply_s else None,
+        "first_sync_own_s": round(sync_s - sim_s + apply_s, 2),
+        "drain": DRAIN,
+    }
+    return FirstSync(database, dsn, pool, world, plant, timed, registration, figures)
+
+
+def _first_syncs(provider: str, admin: str, args) -> tuple[FirstSync, dict]:
+    """`args.repeat` first syncs, each in a fresh database (an earlier round's is dropped once
+    measured); the last one, which the later phases go on from, and the figures to report."""
+    from nexus_pipelines.local.postgres import drop_database
+
+    rounds: list[FirstSync] = []
+    for n in range(args.repeat):
+        if rounds:
+            rounds[-1].pool.close()
+            drop_database(admin, rounds[-1].database)
+        rounds.append(first_sync(provider, admin, args, f"bench_polling_{provider}" + (f"_{n}" if n else "")))
+    figures = dict(rounds[-1].figures)
+    if len(rounds) > 1:
+        figures.update({k: statistics.median(r.figures[k] for r in rounds) for k in ROUND_FIGURES})
+        figures["first_sync_rounds"] = [{k: r.figures[k] for k in ROUND_FIGURES} for r in rounds]
+    return rounds[-1], figures
+
+
+def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
+    from nexus_pipelines.connectors.core import store
+    from nexus_pipelines.connectors.core.tick import poll
+    from nexus_pipelines.connectors.registry import REGISTRY
+    from nexus_pipelines.local.worlds.plant import executor
+
+    # 1. full sync, page by page, then routed and drained (--repeat times)
+    sync, figures = _first_syncs(provider, admin, args)
+    dsn, pool, world, plant, timed = sync.dsn, sync.pool, sync.world, sync.plant, sync.timed
+    registration = sync.registration
+    rid = registration.registration_id
 
     # 2. an unchanged re-poll
     with pool.connection() as conn:
@@ -426,25 +505,7 @@ def run_provider(provider: str, admin: str, args, folder: Path) -> dict:
     result = {
         "provider": provider,
         "issues": args.issues,
-        "calls": calls,
-        "min_calls": math.ceil(args.issues / 100),
-        "pages": pages,
-        "sync_s": round(sync_s, 2),
-        "simulator_s": round(sim_s, 2),
-        "per_page_overhead_ms": round((sync_s - sim_s) / max(pages, 1) * 1000, 2),
-        "per_page_fetch_own_ms": round((fetch_s - sim_s) / max(pages, 1) * 1000, 2),
-        "per_page_commit_ms": round(commit_s / max(pages, 1) * 1000, 2),
-        "load_average": load,
-        "cpu_steal_pct": steal,
-        "analyze": args.analyze,
-        "route_s": round(route_s, 2),
-        "drain_s": round(drain_s, 2),
-        "apply_s": round(apply_s, 2),
-        "tickets_per_s": round(drained.completed / apply_s, 1) if apply_s else None,
-        "noop_items_per_s": noop_per_s,
-        "apply_vs_noop": round(drained.completed / apply_s / noop_per_s, 3) if apply_s else None,
-        "first_sync_own_s": round(sync_s - sim_s + apply_s, 2),
-        "drain": DRAIN,
+        **figures,
         "repoll_calls": repoll_calls,
         "repoll_issues_seen": repoll.totals["issues_seen"],
         "repoll_writes": repoll_writes,
@@ -600,7 +661,10 @@ def main() -> int:
     parser.add_argument("--issues", type=int, default=10_000)
     parser.add_argument("--close-backs", type=int, default=CLOSE_BACKS)
     parser.add_argument("--analyze", choices=["after-poll", "none"], default="after-poll")
+    parser.add_argument("--repeat", type=int, default=1, help="first syncs to take the medians of (>= 1)")
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error("--repeat must be 1 or more")
 
     providers = GROUPS.get(args.provider, [args.provider])
     results = {}
