@@ -155,7 +155,8 @@ WITH given AS MATERIALIZED (
                   WHERE l.tenant = i.tenant AND l.registration_key = i.key AND l.external_ref = i.ref) AS linked_id
       FROM ({_INPUT}) i
 ), input AS MATERIALIZED (
-    SELECT i.*, nextval(pg_get_serial_sequence('tickets', 'ticket_id')) AS new_id
+    -- the sequence's name is looked up once per statement (a subquery), not once per row
+    SELECT i.*, nextval((SELECT pg_get_serial_sequence('tickets', 'ticket_id'))) AS new_id
       FROM (SELECT * FROM given WHERE linked_id IS NULL ORDER BY idx) i
 ), ticket AS (
     INSERT INTO tickets (ticket_id, tenant, project, title, description, labels, priority, triage_state,
