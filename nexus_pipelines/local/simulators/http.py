@@ -205,21 +205,11 @@ class InjectedFault(Exception):
         self.response = response
 
 
-def save_data(path: Path, data: dict[str, Any]) -> None:
-    """A simulator's data as JSON (the local stack keeps it across restarts, like a real tracker)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, default=str))
-
-
-def load_data(path: Path) -> dict[str, Any] | None:
-    """What `save_data` wrote, or None before the first save."""
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 class SimulatorState:
-    """What every provider's state shares: ids from one counter, and its data kept in a file
-    across restarts. A subclass has `_lock` and `_ids` (an `itertools.count`) and gives
-    `_records()` (its data as JSON-ready dicts) and `_restore(data)` (what `_records` gave)."""
+    """What every provider's state shares: ids from one counter, and its data kept in a JSON
+    file across restarts (the local stack's, like a real tracker's). A subclass has `_lock`
+    and `_ids` (an `itertools.count`) and gives `_records()` (its data as JSON-ready dicts)
+    and `_restore(data)` (what `_records` gave)."""
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -227,13 +217,14 @@ class SimulatorState:
     def save(self, path: Path) -> None:
         with self._lock:
             data = {**self._records(), "next_id": next(self._ids)}
-        save_data(path, data)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, default=str))
 
     def load(self, path: Path) -> bool:
         """Restore what `save` wrote; False before the first save."""
-        data = load_data(path)
-        if data is None:
+        if not path.exists():
             return False
+        data = json.loads(path.read_text())
         with self._lock:
             self._restore(data)
             self._ids = itertools.count(data["next_id"])
