@@ -223,8 +223,18 @@ def _names(kinds: tuple[type, ...]) -> str:
     return "/".join(k.__name__ for k in kinds)
 
 
+# A run's rows share few timestamps (a load stamps its rows alike): each distinct one is
+# checked and formatted once. Only plain datetimes are kept (a subclass may compare otherwise);
+# a naive one never equals an aware key, so it is still refused below.
+_UTC_TEXT: dict[datetime, str] = {}
+_UTC_TEXT_LIMIT = 4096
+
+
 def utc_timestamp(value: datetime, field: str) -> str:
     """UTC ISO-8601 with milliseconds and a Z suffix; naive datetimes are refused."""
+    text = _UTC_TEXT.get(value) if type(value) is datetime else None
+    if text is not None:
+        return text
     if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise MappingError(None, field, "timestamp must be timezone-aware")
     if value.tzinfo is not UTC:  # BigQuery's client already answers in UTC
@@ -232,8 +242,13 @@ def utc_timestamp(value: datetime, field: str) -> str:
     if value.microsecond % 1000:
         raise MappingError(None, field, "timestamp has sub-millisecond precision the target would truncate")
     # its fields formatted: at less than half the cost of an aware datetime's isoformat()
-    return "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (value.year, value.month, value.day, value.hour, value.minute,
+    text = "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ" % (value.year, value.month, value.day, value.hour, value.minute,
                                                     value.second, value.microsecond // 1000)
+    if type(value) is datetime:
+        if len(_UTC_TEXT) >= _UTC_TEXT_LIMIT:
+            _UTC_TEXT.clear()
+        _UTC_TEXT[value] = text
+    return text
 
 
 def iso_date(value: date, field: str) -> str:

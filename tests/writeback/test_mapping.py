@@ -132,6 +132,16 @@ def test_a_decimal_wider_than_the_default_context_is_quantized_exactly():
         exact_decimal(Decimal("0.0010"), "f", precision=16, scale=2)
 
 
+def test_a_timestamp_formatted_once_still_refuses_its_naive_and_sub_millisecond_neighbours():
+    loaded = datetime(2026, 11, 30, 23, 0, 0, 125000, tzinfo=UTC)
+    assert utc_timestamp(loaded, "f") == "2026-11-30T23:00:00.125Z"
+    assert utc_timestamp(loaded.astimezone(timezone(timedelta(hours=-5))), "f") == "2026-11-30T23:00:00.125Z"
+    with pytest.raises(MappingError, match="timezone-aware"):
+        utc_timestamp(loaded.replace(tzinfo=None), "f")
+    with pytest.raises(MappingError, match="sub-millisecond"):
+        utc_timestamp(loaded + timedelta(microseconds=1), "f")
+
+
 def test_a_timestamp_before_year_1000_keeps_four_year_digits():
     assert utc_timestamp(datetime(999, 1, 2, 3, 4, 5, 6000, tzinfo=UTC), "f") == "0999-01-02T03:04:05.006Z"
 
