@@ -225,7 +225,9 @@ def _names(kinds: tuple[type, ...]) -> str:
 
 # A run's rows share few timestamps (a load stamps its rows alike): each distinct one is
 # checked and formatted once. Only plain datetimes are kept (a subclass may compare otherwise);
-# a naive one never equals an aware key, so it is still refused below.
+# a naive one never equals an aware key, so it is still refused below. A dict, not the
+# `lru_cache(typed=True)` the date checks use: mapping 100,000 rows cost about 3 us a row more
+# with it.
 _UTC_TEXT: dict[datetime, str] = {}
 _UTC_TEXT_LIMIT = 4096
 
