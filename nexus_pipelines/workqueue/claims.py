@@ -57,7 +57,8 @@ so the claim keeps a cached plan (the parking's array parameters got every plan 
 statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
-the items behind a source lane's head (the walk still passes over them). A lane's backlog
+the items behind a source lane's head (the walk still passes over them; with many crossing
+lanes that can be most of the queue: docs/design/work-queue.md, "Known limit"). A lane's backlog
 beyond WALK_MAX unparked items is parked already when it is enqueued (`receipts.py`).
 
 Lanes:
