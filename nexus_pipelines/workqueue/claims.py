@@ -56,10 +56,26 @@ the busy lanes it met; parking them (`_PARK`) is a statement of its own, run onl
 so the claim keeps a cached plan (the parking's array parameters got every plan of a
 statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
-that parked items but took none returns `LaneRaceLost`: due work remains. Not parked:
-the items behind a source lane's head (the walk still passes over them; with many crossing
-lanes that can be most of the queue: docs/design/work-queue.md, "Known limit"). A lane's backlog
+that parked or marked items but took none returns `LaneRaceLost`: due work remains. A lane's backlog
 beyond WALK_MAX unparked items is parked already when it is enqueued (`receipts.py`).
+
+Behind: an item behind a claimable item of its source lane cannot run before it (that
+item waits for a busy target lane, is parked, retries later, or runs first in this very
+claim). Left in the walk, every claim passed over them (a head probe each); with many source
+lanes crossing many target lanes they became most of the queue, and a 100,000-item drain
+fell from about 14,000 items/s to 164. So the walk counts those it meets in its bound
+(`stuck`) and the parking marks them `behind`, and of a busy lane's backlog it parks only
+the source lane heads and marks the rest; with them the items after them in their source
+lanes (FOLLOW_DEPTH a lane read, PARK_BATCH marked, the first in claim order). A claim then
+never reads past more than its bound of them, plus one item a running item holds (a head
+whose lane runs an item, a busy lane's first waiting item). A behind item is in neither the
+walk's index nor the parked lanes' one but in one by source lane: each claim looks at the
+first behind item of every source lane that has one (one probe per lane) and takes it once
+it is the lane's head, due, and its target lane runs nothing (at most BEHIND_LANES). Taking
+an item clears both flags and nothing else writes them, so a completion writes no more.
+Every claimable item is in exactly one of the three indexes, and each path takes its items
+once they are heads: a lane's head, if behind, is its first behind item, so none is left
+where no claim finds it.
 
 Lanes:
 * Source lane (FIFO): only the lane's head, its lowest unfinished work_id, is
@@ -118,7 +134,7 @@ CLAIM_LOCK_BUDGET_MS = 50
 # session shares (max_locks_per_transaction x connections), so a claim takes at most half
 # this many candidates of each active generation it walks, whatever its batch (a drain
 # claims the rest next time; the walk is bounded per generation, docs/design/work-queue.md).
-CLAIM_MAX_LOCKS = 500
+CLAIM_MAX_LOCKS = 600
 
 class LeaseFlag:
     """Set when the holder has lost the item's lease; `threading.Event`-like, created lazily."""
@@ -205,12 +221,16 @@ class ReclaimReport:
     dead: int
 
 
-# Most items of one busy target lane a claim parks (one statement's writes stay bounded),
-# and most candidates it takes from parked lanes.
+# Most items of one busy target lane a claim parks, and most items behind them in their
+# source lanes it marks (one statement's writes stay bounded); most candidates it takes from
+# parked lanes, and from source lanes' behind items.
 PARK_BATCH = 2000
 PARKED_LANES = 50
+BEHIND_LANES = 50
+# Most items behind one busy lane's backlog item a parking reads in its source lane.
+FOLLOW_DEPTH = 100
 # Most items one claim's walk visits: the rest of the lock cap.
-WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES
+WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES - BEHIND_LANES
 
 _CANDIDATE_LOCK = "pg_try_advisory_xact_lock(({a}.work_id >> 31)::int, ({a}.work_id & 2147483647)::int)"
 # A target lane's try-lock: held by the claim taking the lane's item, or parking its backlog.
@@ -228,28 +248,34 @@ _LANE_LOCK = "pg_try_advisory_xact_lock(hashtextextended({a}.registration_id || 
 # `=` against a subquery 0.5% of the rows, so on an analyzed full queue the walk's LIMIT
 # looked out of reach and it read and sorted every due item (a probe each) instead of
 # reading the due index in claim order; an inequality gets a third.
-_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR ((
+_LANE_FIRST = f"""(
                 SELECT h.work_id FROM connector_work_items h
                  WHERE h.registration_id = w.registration_id
                    AND h.source_lane_key = w.source_lane_key
                    AND h.source_lane_key IS NOT NULL
                    AND h.state IN {sql_in(CLAIMABLE)}
-                 ORDER BY h.work_id LIMIT 1) >= w.work_id
-               AND NOT EXISTS (
+                 ORDER BY h.work_id LIMIT 1)"""
+# No running item in the source lane of `{w}`.
+_LANE_IDLE = f"""NOT EXISTS (
                 SELECT 1 FROM connector_work_items r
-                 WHERE r.registration_id = w.registration_id
-                   AND r.source_lane_key = w.source_lane_key
-                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)))"""
+                 WHERE r.registration_id = {{w}}.registration_id
+                   AND r.source_lane_key = {{w}}.source_lane_key
+                   AND r.state = '{RUNNING}' AND r.lease_owner IS NOT NULL)"""
+_SOURCE_HEAD = f"""(w.source_lane_key IS NULL OR ({_LANE_FIRST} >= w.work_id
+               AND {_LANE_IDLE.format(w="w")}))"""
 
-
-# The claimable source lane heads of a walk over `w`, in claim order (the class and type
-# filters are filled in per call).
+# Due items `w` of the claim (the class and type filters are filled in per call), and the
+# claim order.
+_DUE = """AND w.run_after <= now()
+           {class_filter}
+           {type_filter}"""
+_CLAIM_ORDER = "ORDER BY w.queue_class, w.run_after, w.work_id"
+# The claimable source lane heads of a walk over `w`, in claim order.
+_DUE_HEAD = f"""{_DUE}
+           AND {_SOURCE_HEAD}"""
 _DUE_HEADS = f"""AND w.state IN {sql_in(CLAIMABLE)}
-           AND w.run_after <= now()
-           {{class_filter}}
-           {{type_filter}}
-           AND {_SOURCE_HEAD}
-         ORDER BY w.queue_class, w.run_after, w.work_id"""
+           {_DUE_HEAD}
+         {_CLAIM_ORDER}"""
 
 def _target_busy(registration: str, lane: str) -> str:
     return f"""EXISTS (
@@ -305,6 +331,7 @@ taken AS (
            lease_until = now() + %(ttl)s,
            attempts = w.attempts + 1,
            parked = false,
+           behind = false,
            claimed_at = now(),
            updated_at = now()
       FROM pick
@@ -328,13 +355,13 @@ _PARKED_LANES = f"""lanes AS (
     SELECT g.registration_id, g.revision,
            (SELECT min(p.target_lane_key) FROM connector_work_items p
              WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+               AND p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)}) AS lane
       FROM gens g
     UNION ALL
     SELECT l.registration_id, l.revision,
            (SELECT min(p.target_lane_key) FROM connector_work_items p
              WHERE p.registration_id = l.registration_id AND p.revision = l.revision
-               AND p.parked AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
+               AND p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
       FROM lanes l
      WHERE l.lane IS NOT NULL
 ),
@@ -343,34 +370,70 @@ free_lanes AS (
      WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
 )"""
 
-# The claim: the walk and the heads of the parked lanes that run nothing (see "Parking").
+# The source lanes that hold behind items, one index probe per lane, read only as far as a
+# statement reads them (see "Parking").
+_BEHIND_LANES = f"""behind_lanes AS (
+    SELECT g.registration_id, g.revision,
+           (SELECT min(b.source_lane_key) FROM connector_work_items b
+             WHERE b.registration_id = g.registration_id
+               AND b.behind AND b.state IN {sql_in(CLAIMABLE)}) AS lane
+      FROM gens g
+    UNION ALL
+    SELECT l.registration_id, l.revision,
+           (SELECT min(b.source_lane_key) FROM connector_work_items b
+             WHERE b.registration_id = l.registration_id
+               AND b.behind AND b.state IN {sql_in(CLAIMABLE)} AND b.source_lane_key > l.lane)
+      FROM behind_lanes l
+     WHERE l.lane IS NOT NULL
+)"""
+
+# The claim: the walk, the heads of the parked lanes that run nothing, and the source lanes'
+# behind items that are their lanes' heads now (see "Parking").
 _CLAIM = f"""
 WITH RECURSIVE {_GENS},
 walk AS (
     -- unparked due items in claim order that are source lane heads: the ones this claim
     -- can take, each held by its try-lock (see "Candidate locks"), and the ones to park
-    -- (`blocked`: their target lane is busy and has an earlier claimable item)
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key, c.blocked
+    -- (`blocked`: their target lane is busy and has an earlier claimable item); and the
+    -- items behind a claimable item of their source lane, to mark behind (`stuck`, see
+    -- "Behind"): counted in the walk's bound, so a claim never reads past more of them
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key, c.blocked, c.stuck
       FROM gens g
      CROSS JOIN LATERAL (SELECT * FROM (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key, f.blocked
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key, f.blocked, f.stuck
         FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key,
-               (w.target_lane_key IS NOT NULL AND {_target_busy("w.registration_id", "w.target_lane_key")}) AS blocked
-          FROM connector_work_items w
-         WHERE w.registration_id = g.registration_id
-           AND w.revision = g.revision
-           AND NOT w.parked
-           {_DUE_HEADS}
+        SELECT s.work_id, s.lease_token, s.state, s.registration_id, s.revision, s.target_lane_key, s.stuck,
+               (NOT s.stuck AND s.target_lane_key IS NOT NULL
+                AND {_target_busy("s.registration_id", "s.target_lane_key")}) AS blocked
+          FROM (
+          SELECT d.*, (d.source_lane_key IS NOT NULL AND d.lane_first < d.work_id) AS stuck
+            FROM (
+            SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key,
+                   w.source_lane_key, {_LANE_FIRST} AS lane_first
+              FROM connector_work_items w
+             WHERE w.registration_id = g.registration_id
+               AND w.revision = g.revision
+               AND NOT w.parked
+               AND NOT w.behind
+               AND w.state IN {sql_in(CLAIMABLE)}
+               {_DUE}
+             {_CLAIM_ORDER}
+            OFFSET 0) d
+          -- OFFSET 0: the lane's first item is read once a row. A head whose lane runs an
+          -- item is passed over (at most one a running item); every other item is a head or
+          -- stuck
+          WHERE d.source_lane_key IS NULL OR d.lane_first < d.work_id OR {_LANE_IDLE.format(w="d")}
+          OFFSET 0) s
         OFFSET 0) f
        -- OFFSET 0 keeps the try-lock out of the scan's filter, so it runs only on rows that
        -- passed the lane probes (the planner would evaluate the cheap lock before the probes)
-       WHERE CASE WHEN f.blocked THEN EXISTS (
+       WHERE CASE WHEN f.stuck THEN true
+                  WHEN f.blocked THEN EXISTS (
                 SELECT 1 FROM connector_work_items e
                  WHERE e.registration_id = f.registration_id
                    AND e.target_lane_key = f.target_lane_key
                    AND e.work_id < f.work_id
-                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked)
+                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked AND NOT e.behind)
              ELSE {_CANDIDATE_LOCK.format(a="f")} END
        -- the constant bound is what the planner costs the walk by: under a parameter
        -- alone it assumes a tenth of the due items, which made a cached generic plan look
@@ -394,6 +457,7 @@ parked_heads AS (
            AND w.revision = l.revision
            AND w.target_lane_key = l.lane
            AND w.parked
+           AND NOT w.behind
            {_DUE_HEADS}
         OFFSET 0) f
        WHERE {_CANDIDATE_LOCK.format(a="f")}
@@ -401,54 +465,136 @@ parked_heads AS (
      ) c
      LIMIT {PARKED_LANES}
 ),
+{_BEHIND_LANES},
+behind_heads AS (
+    -- the first behind item of each source lane that has one, if it is due, the lane's head
+    -- now, and its target lane runs nothing (the lane's later behind items wait for it)
+    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key
+      FROM (SELECT registration_id, revision, lane FROM behind_lanes WHERE lane IS NOT NULL OFFSET 0) l
+     CROSS JOIN LATERAL (
+      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key
+        FROM (
+        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key
+          FROM (SELECT b.work_id FROM connector_work_items b
+                 WHERE b.registration_id = l.registration_id
+                   AND b.source_lane_key = l.lane
+                   AND b.behind AND b.state IN {sql_in(CLAIMABLE)}
+                 -- in the lane's order as only a lane index keeps it (by work_id alone, the
+                 -- primary key would do, read from the start and filtered)
+                 ORDER BY b.source_lane_key, b.work_id LIMIT 1) first
+          JOIN connector_work_items w ON w.work_id = first.work_id
+         -- its state is claimable (the behind index holds no other) and is not restated: as
+         -- `state IN (...)`, the due index matched the join too, and a generic plan read it
+         -- for every lane instead of finding the item by its primary key
+         WHERE w.revision = l.revision
+           AND NOT (w.target_lane_key IS NOT NULL AND {_target_busy("w.registration_id", "w.target_lane_key")})
+           {_DUE_HEAD}
+        OFFSET 0) f
+       WHERE {_CANDIDATE_LOCK.format(a="f")}
+     ) c
+     LIMIT {BEHIND_LANES}
+),
 cand AS (
     SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM parked_heads
     UNION ALL
-    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM walk WHERE NOT blocked
+    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM behind_heads
+    UNION ALL
+    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM walk
+     WHERE NOT blocked AND NOT stuck
 ),
 {_TAKE}
--- one row at least: the items taken and the busy lanes to park
-SELECT taken.*, busy.registrations, busy.lanes
-  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes
+-- one row at least: the items taken, the busy lanes to park and the stuck items to mark
+SELECT taken.*, busy.registrations, busy.lanes, busy.stuck
+  FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
+               (SELECT array_agg(work_id) FROM walk WHERE stuck) AS stuck
           FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
   LEFT JOIN taken ON true
 """
 
-# Run only after a claim's walk met busy lanes with a backlog: parks them, takes nothing. A
+# The state recheck of an update driven by keys, as an expression no partial index's predicate
+# matches: as `state IN (...)`, the due index (partial on it, its flags among the keys)
+# matched the update too, and on a table never analyzed it read that whole index.
+_STILL_CLAIMABLE = f"array_position(ARRAY{list(CLAIMABLE)}::text[], w.state) IS NOT NULL"
+
+# Run only after a claim's walk met busy lanes with a backlog or stuck items: parks the
+# lanes and marks the items behind (see "Behind"), takes nothing. A
 # statement of its own: its array parameters make every plan of it a custom one, which the
 # claim every call runs need not share.
 _PARK = f"""
 WITH {_GENS},
-park AS (
+backlog AS MATERIALIZED (
     -- the backlog of each busy lane the walk met leaves the walk, up to PARK_BATCH items
     -- of a lane per claim (its first unparked item stays). Only lanes whose try-lock this
     -- claim gets: claims that met the same lane skip it instead of waiting for each
     -- other's row locks (a lock per busy lane: the walk row that reported the lane took no
     -- candidate locks, so the lock cap holds). Joined to `gens`, so the lock budget is set
-    -- before the update can wait for a row (unjoined, it ran first and waited unbounded).
-    -- By key (an array, so the update is driven by the primary key); items that were taken
-    -- or parked since they were seen are skipped.
+    -- before the updates can wait for a row (unjoined, they ran first and waited unbounded).
+    -- Each is parked if it is its source lane's head, else it is behind (below). With them
+    -- the stuck items the walk met (by key), to mark behind.
+    SELECT e.work_id, e.registration_id, e.source_lane_key, e.head
+      FROM (SELECT busy.* FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[])
+                               AS busy(registration_id, target_lane_key)
+              JOIN gens g ON g.registration_id = busy.registration_id
+             WHERE {_LANE_LOCK.format(a="busy")}
+            OFFSET 0) lane
+     CROSS JOIN LATERAL (
+        SELECT w.work_id, w.registration_id, w.source_lane_key, {_SOURCE_HEAD} AS head
+          FROM connector_work_items w
+         WHERE w.registration_id = lane.registration_id
+           AND w.target_lane_key = lane.target_lane_key
+           AND w.state IN {sql_in(CLAIMABLE)} AND NOT w.parked AND NOT w.behind
+         ORDER BY w.work_id
+        OFFSET 1 LIMIT {PARK_BATCH}) e
+    UNION ALL
+    SELECT w.work_id, w.registration_id, w.source_lane_key, false
+      FROM connector_work_items w
+      JOIN gens g ON g.registration_id = w.registration_id AND g.revision = w.revision
+     WHERE w.work_id = ANY (%(stuck)s::bigint[])
+),
+park AS (
+    -- by key (an array, so the update is driven by the primary key); items that were taken
+    -- or parked since they were seen are skipped
     UPDATE connector_work_items w
        SET parked = true
-     WHERE w.work_id = ANY (ARRAY(
-            SELECT e.work_id
-              FROM (SELECT busy.* FROM unnest(%(busy_registrations)s::text[], %(busy_lanes)s::text[])
-                                       AS busy(registration_id, target_lane_key)
-                      JOIN gens g ON g.registration_id = busy.registration_id
-                     WHERE {_LANE_LOCK.format(a="busy")}
-                    OFFSET 0) lane
-             CROSS JOIN LATERAL (
-                SELECT e.work_id FROM connector_work_items e
-                 WHERE e.registration_id = lane.registration_id
-                   AND e.target_lane_key = lane.target_lane_key
-                   AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked
-                 ORDER BY e.work_id
-                OFFSET 1 LIMIT {PARK_BATCH}) e))
-       AND w.state IN {sql_in(CLAIMABLE)}
+     WHERE w.work_id = ANY (ARRAY(SELECT work_id FROM backlog WHERE head))
+       AND {_STILL_CLAIMABLE}
        AND NOT w.parked
     RETURNING 1
+),
+follow AS (
+    -- the backlog's items that are not their source lane's head, and the items behind the
+    -- backlog in its source lanes: none can run before an item ahead of it in its lane. Of
+    -- the latter at most FOLLOW_DEPTH a lane are read and PARK_BATCH marked, the first in
+    -- claim order: those are the ones the walk would pass over next. No row is one the park
+    -- above writes (no row is updated twice in one statement).
+    UPDATE connector_work_items w
+       SET behind = true
+     WHERE w.work_id = ANY (ARRAY(
+            SELECT work_id FROM backlog WHERE NOT head
+            UNION
+            (SELECT f.work_id
+               FROM (SELECT registration_id, source_lane_key, min(work_id) AS first FROM backlog
+                      WHERE source_lane_key IS NOT NULL
+                      GROUP BY registration_id, source_lane_key) s
+              CROSS JOIN LATERAL (
+                 SELECT f.work_id FROM connector_work_items f
+                  WHERE f.registration_id = s.registration_id
+                    AND f.source_lane_key = s.source_lane_key
+                    AND f.source_lane_key IS NOT NULL
+                    AND f.state IN {sql_in(CLAIMABLE)}
+                    AND f.work_id > s.first
+                  ORDER BY f.work_id
+                  LIMIT {FOLLOW_DEPTH}) f
+              ORDER BY f.work_id
+              LIMIT {PARK_BATCH})
+            -- a stuck item may have become its lane's head since the walk met it
+            EXCEPT
+            SELECT work_id FROM backlog WHERE head))
+       AND {_STILL_CLAIMABLE}
+       AND NOT w.behind
+    RETURNING 1
 )
-SELECT count(*) FROM park
+SELECT (SELECT count(*) FROM park) + (SELECT count(*) FROM follow)
 """
 
 
@@ -500,16 +646,18 @@ def claim_batch(
 ) -> list[ClaimedItem]:
     """Claim up to `limit` due items of active WorkItem-owned generations.
 
-    One statement walks the unparked items and takes them with the parked lanes' heads;
-    only when its walk met a busy lane to park, a second one (its own transaction, or a
-    savepoint in the caller's) parks those lanes.
+    One statement walks the items neither parked nor behind and takes them with the parked
+    lanes' heads and the source lanes' first behind items; only when its walk met a busy lane
+    to park or items to mark behind, a second one (its own transaction, or a savepoint in the
+    caller's) parks and marks them.
     Returns an empty `LaneRaceLost` when a concurrent claimer won a lane race (the
     partial unique lane indexes rejected a statement, or it ran out of its lock
-    budget), or when it took nothing but parked a busy lane's items; the caller simply
+    budget), or when it took nothing but parked or marked items; the caller simply
     claims again (it is not a sign of an idle queue). The walk visits `scan_factor` times
-    `limit` items, the parked lanes give at most PARKED_LANES more candidates, of which at
-    most `limit` are taken; both are capped so that the claim's locks stay within
-    CLAIM_MAX_LOCKS (two per candidate: its own and its target lane's).
+    `limit` items, the parked and the behind lanes give at most PARKED_LANES and
+    BEHIND_LANES more candidates, of which at most `limit` are taken; all are capped so that
+    the claim's locks stay within CLAIM_MAX_LOCKS (two per candidate: its own and its target
+    lane's).
     """
     if limit <= 0:
         return []
@@ -529,14 +677,15 @@ def claim_batch(
         rows = conn.execute(_claim_statement(*filters, part="walk"), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    busy_registrations, busy_lanes = rows[0][-2:]
+    busy_registrations, busy_lanes, stuck = rows[0][-3:]
     items = _claimed(rows, with_payload)
-    if not busy_lanes:
+    if not busy_lanes and not stuck:
         return items
     try:
         with conn.transaction():
             (parked,) = conn.execute(_claim_statement(*filters, part="park"),
-                                     {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes},
+                                     {**params, "busy_registrations": busy_registrations, "busy_lanes": busy_lanes,
+                                      "stuck": stuck},
                                      prepare=True).fetchone()
     except _LANE_RACE_ERRORS:
         parked = None  # lost a lane race: due work remains

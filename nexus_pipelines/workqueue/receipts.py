@@ -456,7 +456,7 @@ lanes AS (
     SELECT n.*, CASE WHEN n.first_of_lane THEN (SELECT count(*) FROM (
                SELECT 1 FROM connector_work_items e
                 WHERE e.registration_id = n.registration_id AND e.target_lane_key = n.target_lane
-                  AND e.target_lane_key IS NOT NULL AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked
+                  AND e.target_lane_key IS NOT NULL AND e.state IN {sql_in(CLAIMABLE)} AND NOT e.parked AND NOT e.behind
                 LIMIT {WALK_MAX}) queued) END AS unparked
       FROM (SELECT new.*, new.target_lane IS NOT NULL AND row_number() OVER (
                    PARTITION BY new.registration_id, new.target_lane ORDER BY new.ord) = 1 AS first_of_lane

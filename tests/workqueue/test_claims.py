@@ -536,3 +536,72 @@ def test_a_target_lanes_backlog_beyond_one_walk_is_enqueued_parked(control_conn,
         assert len(got) == 1
         ran += got
     assert [i.work_id for i in ran] == hot_ids
+
+
+def _walk_scan_rows(plan: dict) -> int:
+    """Rows the claim's walk read from the due index (each then probed)."""
+    stack, walk = [plan], None
+    while stack:
+        node = stack.pop()
+        if node.get("Subplan Name") == "CTE walk":
+            walk = node
+            break
+        stack.extend(node.get("Plans", []))
+    assert walk is not None, "the claim plan has no walk"
+    stack, rows = [walk], 0
+    while stack:
+        node = stack.pop()
+        if node.get("Index Name") == "connector_work_items_due":
+            rows += int(node["Actual Rows"] * node["Actual Loops"])
+        stack.extend(node.get("Plans", []))
+    return rows
+
+
+def _flags(conn, reg) -> dict[str, tuple[bool, bool]]:
+    rows = conn.execute("SELECT e.idempotency_key, w.parked, w.behind FROM connector_work_items w"
+                        " JOIN connector_outbox_events e USING (event_id) WHERE w.registration_id = %s", (reg,))
+    return {key.split("-")[0]: (parked, behind) for key, parked, behind in rows}
+
+
+def test_a_claim_marks_the_items_behind_a_waiting_head_and_they_still_run_in_lane_order(control_conn, reg):
+    """Items behind a claimable item of their source lane cannot run before it. A walk that
+    meets them counts them in its bound and the parking marks them behind, with the items
+    after them in their lanes: a claim never reads past more of them than its bound (with many
+    source lanes crossing many target lanes they were most of the queue, read on every claim),
+    and each still runs once it is its lane's head, with or without a target lane of its own,
+    in its lane's order."""
+    work = [NewWork(f"a{k}-{reg}", "t", source_lane_key=f"s{k}", target_lane_key="hot") for k in range(4)]
+    work += [NewWork(f"f{k}x{j}-{reg}", "t", source_lane_key=f"s{k}", target_lane_key=f"t{k}x{j}" if j % 2 else None)
+             for k in range(4) for j in range(60)]
+    enqueue(control_conn, reg, work)
+    (first,) = claim(control_conn, reg, 1)  # a0: the hot lane is busy from now on
+    assert first.source_lane_key == "s0"
+    # the walk passes a1 (the busy lane's first waiting item) and f0x0 (its lane runs a0), reports
+    # a2 and a3 (behind a1 in the busy lane) and meets f0x1 on (behind f0x0 in its lane): nothing
+    # to take
+    assert claim(control_conn, reg, 5) == []
+    flags = _flags(control_conn, reg)
+    assert flags["a2"] == flags["a3"] == (True, False) and flags["a1"] == flags["f0x0"] == (False, False)
+    # behind: the stuck items, and the items after them and after the parked heads in their lanes
+    assert all(flags[f"f{k}x{j}"] == (False, True) for k in (0, 2, 3) for j in range(60) if (k, j) != (0, 0))
+    with control_conn.transaction():
+        control_conn.execute("UPDATE connector_work_items SET behind = false WHERE registration_id = %s", (reg,))
+        # unmarked, the 239 items behind a waiting head are read only up to the walk's bound
+        plan = claim_plan(control_conn, reg, 10)
+        assert plan["Actual Rows"] == 1  # nothing taken
+        assert _walk_scan_rows(plan) <= 10 + 2, _walk_scan_rows(plan)  # + a1 and f0x0
+        raise psycopg.Rollback()
+    ran, running = [first], [first]
+    for _ in range(len(work)):  # a claim may take nothing while work remains (a lane race, a parking)
+        if running:
+            claims.complete(control_conn, [i.fence for i in running])
+        running = claim(control_conn, reg, 10)
+        ran += running
+        if len(ran) == len(work) and not running:
+            break
+    assert len(ran) == len(work) and len({i.work_id for i in ran}) == len(work)
+    for lane in ("s0", "s1", "s2", "s3"):
+        order = [i.work_id for i in ran if i.source_lane_key == lane]
+        assert order == sorted(order), lane
+    assert control_conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                                " AND (parked OR behind)", (reg,)).fetchone() == (0,)

@@ -99,6 +99,12 @@ def test_claim_on_the_big_queue_returns_lane_heads(big_queue):
 
 def _generic_plan_scans(conn, sql: str, params: dict, types: dict) -> set[tuple]:
     """Scans of the generic plan of `sql` prepared server-side (what a prepared hot path runs)."""
+    plan = _generic_plan(conn, sql, params, types)
+    return {(node["Node Type"], node.get("Relation Name"), node.get("Index Name")) for node in _nodes(plan)}
+
+
+def _generic_plan(conn, sql: str, params: dict, types: dict) -> list:
+    """The generic plan (EXPLAIN, JSON) of `sql` prepared server-side."""
     names = list(dict.fromkeys(re.findall(r"%\((\w+)\)[sb]", sql)))
     text = sql
     for n, name in enumerate(names, 1):
@@ -115,7 +121,7 @@ def _generic_plan_scans(conn, sql: str, params: dict, types: dict) -> set[tuple]
     finally:
         conn.execute("DEALLOCATE ALL")
         conn.execute("RESET plan_cache_mode")
-    return {(node["Node Type"], node.get("Relation Name"), node.get("Index Name")) for node in _nodes(plan)}
+    return plan
 
 
 @pytest.mark.parametrize("statement", ["_COMPLETE", "_RENEW", "_FAIL"])
@@ -173,3 +179,23 @@ def test_the_claim_statement_is_planned_once_and_then_cached(big_queue, control_
             "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
             " WHERE statement LIKE '%%walk AS%%' AND statement NOT LIKE '%%park AS%%'").fetchone()
     assert custom <= 5 and generic >= 5, (generic, custom)
+
+
+def test_the_claim_finds_behind_items_by_primary_key(big_queue):
+    """The fixture's claims parked busy lanes and marked the items behind them; the claim's
+    cached plan looks each lane's first behind item up by primary key, never through the due
+    index (which, matched by a restated state list, a generic plan read once per lane)."""
+    (behind,) = big_queue.execute("SELECT count(*) FROM connector_work_items WHERE behind").fetchone()
+    assert behind > 0
+    sql = claim_sql(registrations=True, with_payload=True)
+    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 100, "registrations": ["big"]}
+    types = {"owner": "text", "ttl": "interval", "limit": "bigint", "scan": "bigint", "registrations": "text[]"}
+    plan = _generic_plan(big_queue, sql, params, types)
+    (behind_heads,) = [n for n in _nodes(plan) if n.get("Subplan Name") == "CTE behind_heads"]
+    stack, indexes = [behind_heads], set()
+    while stack:
+        node = stack.pop()
+        if node.get("Relation Name") == "connector_work_items":
+            indexes.add(node.get("Index Name"))
+        stack.extend(node.get("Plans", []))
+    assert "connector_work_items_pkey" in indexes and "connector_work_items_due" not in indexes, indexes
