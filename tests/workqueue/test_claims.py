@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 
 import psycopg
@@ -605,3 +606,35 @@ def test_a_claim_marks_the_items_behind_a_waiting_head_and_they_still_run_in_lan
         assert order == sorted(order), lane
     assert control_conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
                                 " AND (parked OR behind)", (reg,)).fetchone() == (0,)
+
+
+def test_other_lanes_drain_past_a_deep_lane_whose_head_waits_to_retry(control_conn, reg):
+    """A lane whose head waits out a long retry delay holds 300 items at the front of the claim
+    order. Claims mark them behind as they meet them instead of reading past all of them on
+    every call, so the lanes queued after them are taken within a few claims; once the head is
+    due again the lane runs all its items, in order."""
+    enqueue(control_conn, reg, [NewWork(f"d{j}-{reg}", "t", source_lane_key="deep") for j in range(301)]
+            + [NewWork(f"o{k}-{reg}", "t", source_lane_key=f"o{k}") for k in range(20)])
+    (head,) = claim(control_conn, reg, 1)
+    claims.finalize_failures(control_conn, [Failure(head.work_id, head.token, "E", "s", delay_s=3600)])
+    others, calls = [], 0
+    while len(others) < 20 and calls < 50:  # a claim that meets only items to mark takes none
+        others += claim(control_conn, reg, 10)
+        calls += 1
+    assert sorted(i.source_lane_key for i in others) == sorted(f"o{k}" for k in range(20))
+    # each claim marks the 10 it met and up to FOLLOW_DEPTH after them; then two claims of 10
+    assert calls <= math.ceil(300 / (10 + claims.FOLLOW_DEPTH)) + 2, calls
+    (behind,) = control_conn.execute("SELECT count(*) FROM connector_work_items WHERE registration_id = %s"
+                                     " AND behind", (reg,)).fetchone()
+    assert behind == 300
+    claims.complete(control_conn, [i.fence for i in others])
+    control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE work_id = %s", (head.work_id,))
+    ran = []
+    for _ in range(400):
+        got = claim(control_conn, reg, 10)
+        assert len(got) <= 1  # one lane: one item at a time
+        claims.complete(control_conn, [i.fence for i in got])
+        ran += got
+        if len(ran) == 301:
+            break
+    assert [i.work_id for i in ran] == sorted(i.work_id for i in ran) and ran[0].work_id == head.work_id
