@@ -25,7 +25,8 @@ CREATE INDEX connector_work_items_parked
     ON connector_work_items (registration_id, revision, target_lane_key, queue_class, run_after, work_id)
     WHERE state IN ('pending', 'retry') AND parked AND NOT behind;
 
--- Behind items by source lane, in lane order: a claim reads each lane's first one.
+-- Behind items by source lane, in lane order: a claim reads each lane's first one. The lanes
+-- in the order of their key's hash, so that a claim can start at a random point of that ring.
 CREATE INDEX connector_work_items_behind
-    ON connector_work_items (registration_id, source_lane_key, work_id)
+    ON connector_work_items (registration_id, hashtextextended(source_lane_key, 0), source_lane_key, work_id)
     WHERE state IN ('pending', 'retry') AND behind;

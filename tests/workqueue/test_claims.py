@@ -638,3 +638,20 @@ def test_other_lanes_drain_past_a_deep_lane_whose_head_waits_to_retry(control_co
         if len(ran) == 301:
             break
     assert [i.work_id for i in ran] == sorted(i.work_id for i in ran) and ran[0].work_id == head.work_id
+
+
+def test_claims_serve_the_lanes_with_behind_items_from_a_random_point_of_their_ring(control_conn, reg):
+    """A claim reads at most BEHIND_LANES lanes of behind items. Read from one place (the first
+    key), the same lanes were served on every claim while they had items, and the others waited;
+    each claim starts at a random point of the ring of the lanes' key hashes instead."""
+    enqueue(control_conn, reg, [NewWork(f"l{k:03d}x{j}-{reg}", "t", source_lane_key=f"l{k:03d}")
+                                for j in range(4) for k in range(400)])
+    control_conn.execute("UPDATE connector_work_items SET behind = true WHERE registration_id = %s", (reg,))
+    served = []
+    for _ in range(8):  # from one place: the same 50 lanes (their first items, then their second)
+        got = claim(control_conn, reg, 10)
+        claims.complete(control_conn, [i.fence for i in got])
+        served += [i.source_lane_key for i in got]
+    assert len(served) == 80
+    # eight random arcs of 50 lanes of 400 all within 50 lanes: about one chance in two million
+    assert len(set(served)) > claims.BEHIND_LANES, (len(set(served)), served)

@@ -65,7 +65,7 @@ def test_claim_plan_uses_indexes_and_no_seq_scan(big_queue, classes):
     sql = claim_sql(queue_classes=classes is not None, work_types=True, registrations=True, with_payload=True)
     params = {
         "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "classes": classes or [],
-        "types": ["t"], "registrations": ["big"],
+        "types": ["t"], "registrations": ["big"], "behind_start": 0,
     }
     plan = _plan(big_queue, sql, params)
     scans = {(node["Node Type"], node.get("Relation Name"), node.get("Index Name")) for node in _nodes(json.loads(plan))}
@@ -188,8 +188,10 @@ def test_the_claim_finds_behind_items_by_primary_key(big_queue):
     (behind,) = big_queue.execute("SELECT count(*) FROM connector_work_items WHERE behind").fetchone()
     assert behind > 0
     sql = claim_sql(registrations=True, with_payload=True)
-    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 100, "registrations": ["big"]}
-    types = {"owner": "text", "ttl": "interval", "limit": "bigint", "scan": "bigint", "registrations": "text[]"}
+    params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 100, "registrations": ["big"],
+              "behind_start": 0}
+    types = {"owner": "text", "ttl": "interval", "limit": "bigint", "scan": "bigint", "registrations": "text[]",
+             "behind_start": "bigint"}
     plan = _generic_plan(big_queue, sql, params, types)
     (behind_heads,) = [n for n in _nodes(plan) if n.get("Subplan Name") == "CTE behind_heads"]
     stack, indexes = [behind_heads], set()
