@@ -56,8 +56,9 @@ the busy lanes it met; parking them (`_PARK`) is a statement of its own, run onl
 so the claim keeps a cached plan (the parking's array parameters got every plan of a
 statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
-that parked or marked items but took none returns `LaneRaceLost`: due work remains. A lane's backlog
-beyond WALK_MAX unparked items is parked already when it is enqueued (`receipts.py`).
+that parked or marked items but took none returns `LaneRaceLost`: due work remains. A
+lane's backlog beyond WALK_MAX unparked items is parked already when it is enqueued
+(`receipts.py`).
 
 Behind: an item behind a claimable item of its source lane cannot run before it (that
 item waits for a busy target lane, is parked, retries later, or runs first in this very
@@ -66,15 +67,15 @@ lanes crossing many target lanes they became most of the queue, and a 100,000-it
 fell from about 14,000 items/s to 164. So the walk counts those it meets in its bound
 (`stuck`) and the parking marks them `behind`, and of a busy lane's backlog it parks only
 the source lane heads and marks the rest; with them the items after them in their source
-lanes, in a busy lane's backlog's lanes and in lanes the walk met more than once (FOLLOW_DEPTH
-a lane read, PARK_BATCH marked, the first in claim order). A claim then
-never reads past more than its bound of them, plus one item a running item holds (a head
-whose lane runs an item, a busy lane's first waiting item). A behind item is in neither the
-walk's index nor the parked lanes' one but in one by source lane: each claim looks at the
-first behind item of every source lane that has one (one probe per lane, from a random
-point of the ring of their key hashes) and takes it once it is the lane's head, due, and
-its target lane runs nothing (at most BEHIND_LANES). Taking
-an item clears both flags and nothing else writes them, so a completion writes no more.
+lanes, in a busy lane's backlog's lanes and in lanes the walk met more than once
+(FOLLOW_DEPTH a lane read, PARK_BATCH marked, the first in claim order). A claim then never
+reads past more than its bound of them, plus one item a running item holds (a head whose
+lane runs an item, a busy lane's first waiting item). A behind item is in neither the walk's
+index nor the parked lanes' one but in one by source lane: each claim looks at the first
+behind item of every source lane that has one (one probe per lane, from a random point of
+the ring of their key hashes) and takes it once it is the lane's head, due, and its target
+lane runs nothing (at most BEHIND_LANES). Taking an item clears both flags and nothing else
+writes them, so a completion writes no more.
 Every claimable item is in exactly one of the three indexes, and each path takes its items
 once they are heads: a lane's head, if behind, is its first behind item, so none is left
 where no claim finds it.
@@ -230,7 +231,7 @@ class ReclaimReport:
 PARK_BATCH = 2000
 PARKED_LANES = 50
 BEHIND_LANES = 50
-# Most items behind one busy lane's backlog item a parking reads in its source lane.
+# Most items after one marked item a parking reads in its source lane.
 FOLLOW_DEPTH = 100
 # Most items one claim's walk visits: the rest of the lock cap.
 WALK_MAX = CLAIM_MAX_LOCKS // 2 - PARKED_LANES - BEHIND_LANES
@@ -373,8 +374,7 @@ free_lanes AS (
      WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
 )"""
 
-# The source lanes that hold behind items, one index probe per lane, read only as far as a
-# statement reads them (see "Parking").
+# The behind index orders lanes by this hash of their key (see `_BEHIND_LANES`).
 _LANE_HASH = "hashtextextended(b.source_lane_key, 0)"
 
 
@@ -405,7 +405,7 @@ _BEHIND_LANES = (_behind_lanes("behind_on", f"{_LANE_HASH} >= %(behind_start)s",
                  + _behind_lanes("behind_round", "true", f"{_LANE_HASH} < %(behind_start)s"))
 
 # The claim: the walk, the heads of the parked lanes that run nothing, and the source lanes'
-# behind items that are their lanes' heads now (see "Parking").
+# behind items that are their lanes' heads now (see "Parking" and "Behind").
 _CLAIM = f"""
 WITH RECURSIVE {_GENS},
 walk AS (

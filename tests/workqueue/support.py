@@ -199,3 +199,18 @@ def work_item_rows_read(plan: dict) -> int:
         total += int(node.get("Rows Removed by Join Filter", 0) * loops)
         stack.extend(node.get("Plans", []))
     return total
+
+
+def plan_nodes(node: dict):
+    """`node` of an EXPLAIN (FORMAT JSON) plan and every node below it."""
+    stack = [node]
+    while stack:
+        node = stack.pop()
+        yield node
+        stack.extend(node.get("Plans", []))
+
+
+def cte_plan(plan: dict, name: str) -> dict:
+    """The node of the CTE `name` in a statement's plan."""
+    (node,) = [n for n in plan_nodes(plan) if n.get("Subplan Name") == f"CTE {name}"]
+    return node

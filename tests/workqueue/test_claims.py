@@ -12,7 +12,7 @@ from nexus_pipelines.workqueue.receipts import NewWork, enqueue_work_items
 from nexus_pipelines.workqueue.retry import RetryPolicy
 
 from .conftest import enqueue, expire_leases, items, state_of
-from .support import claim_plan, work_item_rows_read
+from .support import claim_plan, cte_plan, plan_nodes, work_item_rows_read
 
 TTL = timedelta(seconds=30)
 
@@ -541,21 +541,8 @@ def test_a_target_lanes_backlog_beyond_one_walk_is_enqueued_parked(control_conn,
 
 def _walk_scan_rows(plan: dict) -> int:
     """Rows the claim's walk read from the due index (each then probed)."""
-    stack, walk = [plan], None
-    while stack:
-        node = stack.pop()
-        if node.get("Subplan Name") == "CTE walk":
-            walk = node
-            break
-        stack.extend(node.get("Plans", []))
-    assert walk is not None, "the claim plan has no walk"
-    stack, rows = [walk], 0
-    while stack:
-        node = stack.pop()
-        if node.get("Index Name") == "connector_work_items_due":
-            rows += int(node["Actual Rows"] * node["Actual Loops"])
-        stack.extend(node.get("Plans", []))
-    return rows
+    return sum(int(n["Actual Rows"] * n["Actual Loops"]) for n in plan_nodes(cte_plan(plan, "walk"))
+               if n.get("Index Name") == "connector_work_items_due")
 
 
 def _flags(conn, reg) -> dict[str, tuple[bool, bool]]:

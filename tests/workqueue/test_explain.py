@@ -12,6 +12,8 @@ import pytest
 from nexus_pipelines.workqueue.claims import claim_sql
 from nexus_pipelines.workqueue.generations import activate
 
+from .support import cte_plan, plan_nodes
+
 pytestmark = pytest.mark.slow
 
 N = 100_000
@@ -78,11 +80,7 @@ def test_claim_plan_uses_indexes_and_no_seq_scan(big_queue, classes):
 
 
 def _nodes(plan):
-    stack = [plan[0]["Plan"]]
-    while stack:
-        node = stack.pop()
-        yield node
-        stack.extend(node.get("Plans", []))
+    return plan_nodes(plan[0]["Plan"])
 
 
 def test_claim_on_the_big_queue_returns_lane_heads(big_queue):
@@ -193,11 +191,6 @@ def test_the_claim_finds_behind_items_by_primary_key(big_queue):
     types = {"owner": "text", "ttl": "interval", "limit": "bigint", "scan": "bigint", "registrations": "text[]",
              "behind_start": "bigint"}
     plan = _generic_plan(big_queue, sql, params, types)
-    (behind_heads,) = [n for n in _nodes(plan) if n.get("Subplan Name") == "CTE behind_heads"]
-    stack, indexes = [behind_heads], set()
-    while stack:
-        node = stack.pop()
-        if node.get("Relation Name") == "connector_work_items":
-            indexes.add(node.get("Index Name"))
-        stack.extend(node.get("Plans", []))
+    indexes = {n.get("Index Name") for n in plan_nodes(cte_plan(plan[0]["Plan"], "behind_heads"))
+               if n.get("Relation Name") == "connector_work_items"}
     assert "connector_work_items_pkey" in indexes and "connector_work_items_due" not in indexes, indexes
