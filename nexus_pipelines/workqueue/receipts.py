@@ -207,8 +207,7 @@ class ReceiptSource(BaseModel):
     max_routing_attempts: int = Field(default=5, ge=1)
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+class Delivery(NamedTuple):  # a tuple: a page builds one per delivery, and a tuple is the cheapest to build
     """One delivery of a page: its id, time, correlation and its body snapshot's `canonical_json`."""
 
     delivery_id: str
@@ -256,15 +255,18 @@ class _Strings(dict):
     keys, and what a page's deliveries share there (their revision), come again on every row."""
 
     def __missing__(self, text: str) -> str:
-        self[text] = encoded = json.encoder.encode_basestring_ascii(text)  # what json.dumps makes of a str
+        self[text] = encoded = _encode(text)
         return encoded
+
+
+_encode = json.encoder.encode_basestring_ascii  # what json.dumps makes of a str
 
 
 def _row(shared: str, delivery_id: str, received_at: datetime, correlation: Mapping[str, str], body: str,
          strings: _Strings) -> str:
     """One row of the admit document; the body's canonical form is spliced in as it is (and hashed)."""
-    fields = ",".join(f"{strings[key]}:{strings[value]}" for key, value in correlation.items())
-    return (f'{shared},"delivery_id":{strings[delivery_id]},"received_at":"{received_at.isoformat()}",'
+    fields = ",".join([f"{strings[key]}:{strings[value]}" for key, value in correlation.items()])
+    return (f'{shared},"delivery_id":{_encode(delivery_id)},"received_at":"{received_at.isoformat()}",'
             f'"correlation":{{{fields}}},"payload_hash":"{payload_hash(None, body)}","body":{body}}}')
 
 

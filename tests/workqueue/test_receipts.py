@@ -297,15 +297,16 @@ def test_a_page_document_encodes_each_string_of_its_rows_once(monkeypatch):
     import json
     from collections import Counter
 
+    from nexus_pipelines.workqueue import receipts
     from nexus_pipelines.workqueue.receipts import Delivery, ReceiptSource, page_document
 
     encoded, plain = Counter(), json.encoder.encode_basestring_ascii
 
-    def counted(text: str) -> str:  # how json encodes every string it meets
+    def counted(text: str) -> str:  # how the document encodes every string it meets
         encoded[text] += 1
         return plain(text)
 
-    monkeypatch.setattr(json.encoder, "encode_basestring_ascii", counted)
+    monkeypatch.setattr(receipts, "_encode", counted)
     source = ReceiptSource(registration_id="acme/page", revision=1, namespace="poll", route_key="k", event_kind="v")
     # the correlation's keys and its revision are the same on every row; the refs carry a quote and non-ASCII
     page = [Delivery(f"r{i}@t#{i}", NOW, {"external_ref": f'gl:"{i}" ✓', "revision_id": "page@1"}, "{}")

@@ -12,9 +12,10 @@ token, so an expired or stale poller writes nothing. Failures are scheduled dura
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import NamedTuple
 
 import psycopg
 from psycopg import Connection, Cursor
@@ -258,8 +259,7 @@ def _hold(conn: Connection, claim: PollClaim) -> None:
         raise PollLeaseLost(f"poll lease of {r.revision_id} is no longer held with token {claim.token}")
 
 
-@dataclass(frozen=True)
-class IssueVersion:
+class IssueVersion(NamedTuple):  # a tuple: a page builds one per issue, and a tuple is the cheapest to build
     """One delivered issue version, as core admits it: the normalized issue and its digest, in
     the receipt body, held as its `canonical_json` (`canonical_body`, what is stored and hashed)."""
 
@@ -340,7 +340,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
     """
     r = claim.registration
     by_delivery = {_delivery_id(v): v for v in versions}
-    deliveries = [_delivery(claim, v, d) for d, v in by_delivery.items()]
+    deliveries = _deliveries(claim, by_delivery.items())
     lost = f"poll lease of {r.revision_id} is no longer held with token {claim.token}"
     if conn.info.transaction_status != TransactionStatus.IDLE:  # its COMMIT would end the caller's transaction
         raise RuntimeError("commit_page runs its own transaction: call it outside one")
@@ -371,7 +371,7 @@ def commit_page(conn: Connection, claim: PollClaim, versions: Sequence[IssueVers
         if isinstance(exc, psycopg.Error) and exc.sqlstate == LEASE_LOST_SQLSTATE:
             raise PollLeaseLost(lost) from None
         raise
-    refs = [by_delivery[row[0]].external_ref for row in admitted] if admitted is not None else []
+    refs = [by_delivery[d].external_ref for (d,) in admitted.fetchall()] if admitted is not None else []
     _, kept, token, lease_until = advance.fetchone()
     if kept:  # no other revision was due: the next claim is this revision at the stored cursor
         return PageCommit(refs, PollClaim(r, claim.revision_no, then_claim.owner, token, lease_until, next_cursor,
@@ -396,9 +396,11 @@ def _source(claim: PollClaim, namespace: str) -> ReceiptSource:
                          namespace=namespace, route_key=OBSERVE_ROUTE_KEY, event_kind="issue_version")
 
 
-def _delivery(claim: PollClaim, version: IssueVersion, delivery_id: str) -> Delivery:
-    correlation = {"external_ref": version.external_ref, "revision_id": claim.registration.revision_id}
-    return Delivery(delivery_id, version.updated_at, correlation, version.canonical_body)
+def _deliveries(claim: PollClaim, pairs: Iterable[tuple[str, IssueVersion]]) -> list[Delivery]:
+    """The delivery of each (delivery id, version)."""
+    revision_id = claim.registration.revision_id
+    return [Delivery(d, v.updated_at, {"external_ref": v.external_ref, "revision_id": revision_id}, v.canonical_body)
+            for d, v in pairs]
 
 
 def _delivery_id(version: IssueVersion) -> str:
@@ -573,6 +575,6 @@ def admit_versions(conn: Connection, claim: PollClaim, versions: Sequence[IssueV
     _hold(conn, claim)
     # its own delivery ids: a version whose poll receipt exists but whose observation was lost is admitted again
     pairs = [(f"{namespace}:{_delivery_id(v)}", v) for v in versions]
-    admitted = admit_page(conn, _source(claim, namespace), [_delivery(claim, v, d) for d, v in pairs])
+    admitted = admit_page(conn, _source(claim, namespace), _deliveries(claim, pairs))
     by_delivery = {d: v.external_ref for d, v in pairs}
     return [by_delivery[d] for d in admitted]
