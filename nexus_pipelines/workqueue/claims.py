@@ -303,16 +303,34 @@ _GENS = f"""gens AS MATERIALIZED (
      {{lock}}
 )"""
 
+# What each candidate of a claim carries, from whichever path found it: its key and fence, its
+# generation and target lane, and its place in the claim order.
+_CANDIDATE_COLUMNS = ("work_id", "lease_token", "state", "registration_id", "revision", "target_lane_key",
+                      "queue_class", "run_after")
+
+
+def _candidate(alias: str | None = None) -> str:
+    return ", ".join(f"{alias}.{c}" if alias else c for c in _CANDIDATE_COLUMNS)
+
+
 # The claim's candidates `cand`, one per target lane taken, compared and set.
 _TAKE = f"""pick AS (
-    -- one candidate per target lane, and only lanes whose transaction-scoped try-lock
-    -- this claim gets: two claims in flight never insert the same in-flight lane key
-    -- (which would make one wait on the other in the unique index)
+    -- one candidate per target lane, the first in claim order whichever path found it (taken
+    -- in the window's order, by target lane key, the items of no target lane came last and
+    -- waited while parked lanes had heads to give), and only lanes whose transaction-scoped
+    -- try-lock this claim gets: two claims in flight never insert the same in-flight lane key
+    -- (which would make one wait on the other in the unique index). OFFSET 0: the try-lock
+    -- runs on candidates in that order, only until the LIMIT
     SELECT work_id, lease_token, state, registration_id, revision
-      FROM (SELECT work_id, lease_token, state, registration_id, revision, target_lane_key,
-                   row_number() OVER (PARTITION BY registration_id, target_lane_key ORDER BY work_id) AS lane_rank
+      FROM (SELECT * FROM (
+            SELECT {_candidate()},
+                   row_number() OVER (PARTITION BY registration_id, target_lane_key
+                                      ORDER BY queue_class, run_after, work_id) AS lane_rank
               FROM cand) ranked
-     WHERE target_lane_key IS NULL OR (lane_rank = 1 AND {_LANE_LOCK.format(a="ranked")})
+             WHERE target_lane_key IS NULL OR lane_rank = 1
+             ORDER BY queue_class, run_after, work_id
+            OFFSET 0) ordered
+     WHERE target_lane_key IS NULL OR {_LANE_LOCK.format(a="ordered")}
      LIMIT %(limit)s
 ),
 held AS MATERIALIZED (
@@ -414,18 +432,18 @@ walk AS (
     -- (`blocked`: their target lane is busy and has an earlier claimable item); and the
     -- items behind a claimable item of their source lane, to mark behind (`stuck`, see
     -- "Behind"): counted in the walk's bound, so a claim never reads past more of them
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key, c.blocked, c.stuck
+    SELECT {_candidate("c")}, c.blocked, c.stuck
       FROM gens g
      CROSS JOIN LATERAL (SELECT * FROM (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key, f.blocked, f.stuck
+      SELECT {_candidate("f")}, f.blocked, f.stuck
         FROM (
-        SELECT s.work_id, s.lease_token, s.state, s.registration_id, s.revision, s.target_lane_key, s.stuck,
+        SELECT {_candidate("s")}, s.stuck,
                (NOT s.stuck AND s.target_lane_key IS NOT NULL
                 AND {_target_busy("s.registration_id", "s.target_lane_key")}) AS blocked
           FROM (
           SELECT d.*, (d.source_lane_key IS NOT NULL AND d.lane_first < d.work_id) AS stuck
             FROM (
-            SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key,
+            SELECT {_candidate("w")},
                    w.source_lane_key, {_LANE_FIRST} AS lane_first
               FROM connector_work_items w
              WHERE w.registration_id = g.registration_id
@@ -463,12 +481,12 @@ walk AS (
 parked_heads AS (
     -- the first parked item of each parked lane that runs nothing, if it is due and its
     -- source lane's head
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key
+    SELECT {_candidate("c")}
       FROM (SELECT registration_id, revision, lane FROM free_lanes OFFSET 0) l
      CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key
+      SELECT {_candidate("f")}
         FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key
+        SELECT {_candidate("w")}
           FROM connector_work_items w
          WHERE w.registration_id = l.registration_id
            AND w.revision = l.revision
@@ -486,14 +504,14 @@ parked_heads AS (
 behind_heads AS (
     -- the first behind item of each source lane that has one, if it is due, the lane's head
     -- now, and its target lane runs nothing (the lane's later behind items wait for it)
-    SELECT c.work_id, c.lease_token, c.state, c.registration_id, c.revision, c.target_lane_key
+    SELECT {_candidate("c")}
       FROM (SELECT registration_id, revision, h, lane FROM behind_on
             UNION ALL
             SELECT registration_id, revision, h, lane FROM behind_round OFFSET 0) l
      CROSS JOIN LATERAL (
-      SELECT f.work_id, f.lease_token, f.state, f.registration_id, f.revision, f.target_lane_key
+      SELECT {_candidate("f")}
         FROM (
-        SELECT w.work_id, w.lease_token, w.state, w.registration_id, w.revision, w.target_lane_key
+        SELECT {_candidate("w")}
           FROM (SELECT b.work_id FROM connector_work_items b
                  WHERE b.registration_id = l.registration_id
                    AND {_LANE_HASH} = l.h
@@ -515,11 +533,11 @@ behind_heads AS (
      LIMIT {BEHIND_LANES}
 ),
 cand AS (
-    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM parked_heads
+    SELECT {_candidate()} FROM parked_heads
     UNION ALL
-    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM behind_heads
+    SELECT {_candidate()} FROM behind_heads
     UNION ALL
-    SELECT work_id, lease_token, state, registration_id, revision, target_lane_key FROM walk
+    SELECT {_candidate()} FROM walk
      WHERE NOT blocked AND NOT stuck
 ),
 {_TAKE}

@@ -642,3 +642,16 @@ def test_claims_serve_the_lanes_with_behind_items_from_a_random_point_of_their_r
     assert len(served) == 80
     # eight random arcs of 50 lanes of 400 all within 50 lanes: about one chance in two million
     assert len(set(served)) > claims.BEHIND_LANES, (len(set(served)), served)
+
+
+def test_a_claim_takes_its_candidates_in_claim_order_whatever_their_target_lanes(control_conn, reg):
+    """A claim with more candidates than it takes (its walk's, the parked lanes' heads and the
+    behind lanes' first items) takes the first in claim order. Taken in the order of their
+    target lane keys, the items without one came last: older items of no target lane waited
+    while parked lanes had heads to give."""
+    enqueue(control_conn, reg, [NewWork(f"free{i}-{reg}", "t", source_lane_key=f"f{i}") for i in range(20)]
+            + [NewWork(f"lane{k}-{reg}", "t", source_lane_key=f"s{k}", target_lane_key=f"t{k:02d}") for k in range(60)])
+    control_conn.execute("UPDATE connector_work_items SET parked = true WHERE registration_id = %s"
+                         " AND target_lane_key IS NOT NULL", (reg,))
+    first = claim(control_conn, reg, 10)
+    assert sorted(i.source_lane_key for i in first) == sorted(f"f{i}" for i in range(10)), first
