@@ -2,7 +2,8 @@
 
 Claim: one statement finds candidates through the `connector_work_items_due` index
 (only generations whose status is 'active'), holds them with a transaction-scoped
-advisory try-lock each (skipping those another claim holds) and takes them by
+advisory try-lock each (skipping those another claim holds) and takes the first in claim
+order (whichever path found them: see "Parking" and "Behind") by
 primary-key compare-and-swap (state and seen token unchanged), giving each a fresh
 token from the `workqueue_tokens` sequence (no cache, so tokens strictly increase),
 the caller as owner and a lease deadline computed from the database clock. Attempts
