@@ -49,12 +49,13 @@ with an earlier unparked claimable item parks that lane's backlog: all but its f
 unparked item, up to PARK_BATCH items per claim (`parked`: they leave the walk's index,
 into one grouped by target lane). The first item stays in the walk, so a lane with one
 waiting item is never written, and a busy lane costs a walk one row. Each claim also
-looks at the first due item of every parked lane that runs nothing (one probe per parked
-lane, whatever its backlog) and takes it like any candidate, clearing the flag, in the
-same statement as the walk (`_CLAIM`, every call): a parked lane frees up after each of
-its items, so a statement of its own ran for every item of a hot lane. The walk reports
-the busy lanes it met; parking them (`_PARK`) is a statement of its own, run only then,
-so the claim keeps a cached plan (the parking's array parameters got every plan of a
+looks at the first due item of each parked lane that runs nothing (one probe per parked
+lane, whatever its backlog; the lanes in key order from just after the one the process's
+last claim reached, round to the first key) and takes it like any candidate, clearing the
+flag, in the same statement as the walk (`_CLAIM`, every call): a parked lane frees up
+after each of its items, so a statement of its own ran for every item of a hot lane. The
+walk reports the busy lanes it met; parking them (`_PARK`) is a statement of its own, run
+only then, so the claim keeps a cached plan (the parking's array parameters got every plan of a
 statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked or marked items but took none returns `LaneRaceLost`: due work remains. A
@@ -370,28 +371,47 @@ taken AS (
               w.attempts, w.max_attempts, w.lease_owner, w.lease_until, w.source_lane_key, w.target_lane_key{{payload_col}}
 )"""
 
-# The parked target lanes of each generation, one index probe per lane, read only as far
-# as a statement reads `lanes`; and the ones whose target lane runs nothing (the busy check
-# as a scalar subquery: one probe per parked lane, where an EXISTS would become a join
-# reading every running item).
-_PARKED_LANES = f"""lanes AS (
-    SELECT g.registration_id, g.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = g.registration_id AND p.revision = g.revision
-               AND p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)}) AS lane
+# The parked target lanes of each generation in key order, from just after the lane the
+# claiming process last reached (`parked_after`) round to it: `lanes_after`, then `lanes_upto`.
+# Read from the first key, a claim stops at PARKED_LANES free lanes, so the lanes first in key
+# order were served on every claim while they had parked items and the others waited. One
+# index probe per lane, a `min()` (a ring of key hashes, as the behind lanes have, needs an
+# `ORDER BY ... LIMIT 1` probe, which the planner costed the same as a bitmap scan and sort of
+# the generation's whole parked index when the statistics showed it nearly empty, and took),
+# read only as far as a statement reads them. Then the ones whose target lane runs nothing (the busy check as a
+# scalar subquery: one probe per parked lane, where an EXISTS would become a join reading
+# every running item).
+_PARKED_HOLDS = f"p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)}"
+
+# The parked lane each claim filter's last claim in this process reached: the next reads the
+# parked lanes from just after it, so successive claims go round them (a new process starts at
+# the first key; an entry a thread overwrites with a racing claim's is as good a start).
+_PARKED_REACHED: dict[tuple[str, ...], str] = {}
+
+
+def _parked_arc(name: str, first: str, bound: str) -> str:
+    lane = f"""(SELECT min(p.target_lane_key) FROM connector_work_items p
+             WHERE p.registration_id = {{r}}.registration_id AND p.revision = {{r}}.revision
+               AND {_PARKED_HOLDS} AND {{after}} AND {bound})"""
+    return f"""{name} AS (
+    SELECT g.registration_id, g.revision, {lane.format(r="g", after=first)} AS lane
       FROM gens g
     UNION ALL
-    SELECT l.registration_id, l.revision,
-           (SELECT min(p.target_lane_key) FROM connector_work_items p
-             WHERE p.registration_id = l.registration_id AND p.revision = l.revision
-               AND p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)} AND p.target_lane_key > l.lane)
-      FROM lanes l
+    SELECT l.registration_id, l.revision, {lane.format(r="l", after="p.target_lane_key > l.lane")}
+      FROM {name} l
      WHERE l.lane IS NOT NULL
-),
-free_lanes AS (
-    SELECT registration_id, revision, lane FROM lanes
-     WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("lanes.registration_id", "lanes.lane")})
 )"""
+
+
+_PARKED_LANES = (_parked_arc("lanes_after", "p.target_lane_key > %(parked_after)s", "true") + ",\n"
+                 + _parked_arc("lanes_upto", "true", "p.target_lane_key <= %(parked_after)s") + f""",
+free_lanes AS (
+    SELECT registration_id, revision, lane
+      FROM (SELECT registration_id, revision, lane FROM lanes_after
+            UNION ALL
+            SELECT registration_id, revision, lane FROM lanes_upto OFFSET 0) ring
+     WHERE lane IS NOT NULL AND NOT (SELECT {_target_busy("ring.registration_id", "ring.lane")})
+)""")
 
 # The behind index orders lanes by this hash of their key (see `_BEHIND_LANES`).
 _LANE_HASH = "hashtextextended(b.source_lane_key, 0)"
@@ -542,10 +562,15 @@ cand AS (
      WHERE NOT blocked AND NOT stuck
 ),
 {_TAKE}
--- one row at least: the items taken, the busy lanes to park and the stuck items to mark
-SELECT taken.*, busy.registrations, busy.lanes, busy.stuck
+-- one row at least: the items taken, the busy lanes to park, the stuck items to mark and the
+-- parked lane this claim reached (of the parked lanes it took an item of, the last in the
+-- order it read them: after `parked_after`, then from the first key), where the next starts
+SELECT taken.*, busy.registrations, busy.lanes, busy.stuck, busy.parked_reached
   FROM (SELECT array_agg(b.registration_id) AS registrations, array_agg(b.target_lane_key) AS lanes,
-               (SELECT array_agg(work_id) FROM walk WHERE stuck) AS stuck
+               (SELECT array_agg(work_id) FROM walk WHERE stuck) AS stuck,
+               (SELECT h.target_lane_key FROM parked_heads h JOIN taken t ON t.work_id = h.work_id
+                 ORDER BY h.target_lane_key <= %(parked_after)s DESC, h.target_lane_key DESC
+                 LIMIT 1) AS parked_reached
           FROM (SELECT DISTINCT registration_id, target_lane_key FROM walk WHERE blocked) b) busy
   LEFT JOIN taken ON true
 """
@@ -706,6 +731,7 @@ def claim_batch(
     if limit <= 0:
         return []
     scan = min(limit * max(scan_factor, 1), WALK_MAX)
+    ring_key = tuple(registration_ids or ())
     limit = min(limit, scan)
     params = {
         "owner": owner,
@@ -716,13 +742,16 @@ def claim_batch(
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),
         "behind_start": random.getrandbits(64) - 2**63,  # a point of the lanes' hash ring
+        "parked_after": _PARKED_REACHED.get(ring_key, ""),
     }
     filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
         rows = conn.execute(_claim_statement(*filters, part="walk"), params, prepare=True).fetchall()
     except _LANE_RACE_ERRORS:
         return LaneRaceLost()
-    busy_registrations, busy_lanes, stuck = rows[0][-3:]
+    busy_registrations, busy_lanes, stuck, parked_reached = rows[0][-4:]
+    if parked_reached is not None:
+        _PARKED_REACHED[ring_key] = parked_reached
     items = _claimed(rows, with_payload)
     if not busy_lanes and not stuck:
         return items

@@ -181,7 +181,7 @@ def claim_plan(conn: Connection, reg: str, limit: int, *, seqscan: bool = False)
         conn.execute("SET LOCAL enable_seqscan = off")
     sql = claims.claim_sql(registrations=True, with_payload=True)
     params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": limit, "scan": limit, "classes": [],
-              "types": [], "registrations": [reg], "behind_start": 0}
+              "types": [], "registrations": [reg], "behind_start": 0, "parked_after": ""}
     cur = psycopg.ClientCursor(conn)
     cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
     return cur.fetchone()[0][0]["Plan"]

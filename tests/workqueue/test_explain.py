@@ -67,7 +67,7 @@ def test_claim_plan_uses_indexes_and_no_seq_scan(big_queue, classes):
     sql = claim_sql(queue_classes=classes is not None, work_types=True, registrations=True, with_payload=True)
     params = {
         "owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 200, "classes": classes or [],
-        "types": ["t"], "registrations": ["big"], "behind_start": 0,
+        "types": ["t"], "registrations": ["big"], "behind_start": 0, "parked_after": "",
     }
     plan = _plan(big_queue, sql, params)
     scans = {(node["Node Type"], node.get("Relation Name"), node.get("Index Name")) for node in _nodes(json.loads(plan))}
@@ -187,9 +187,9 @@ def test_the_claim_finds_behind_items_by_primary_key(big_queue):
     assert behind > 0
     sql = claim_sql(registrations=True, with_payload=True)
     params = {"owner": "w", "ttl": timedelta(seconds=30), "limit": 100, "scan": 100, "registrations": ["big"],
-              "behind_start": 0}
+              "behind_start": 0, "parked_after": ""}
     types = {"owner": "text", "ttl": "interval", "limit": "bigint", "scan": "bigint", "registrations": "text[]",
-             "behind_start": "bigint"}
+             "behind_start": "bigint", "parked_after": "text"}
     plan = _generic_plan(big_queue, sql, params, types)
     indexes = {n.get("Index Name") for n in plan_nodes(cte_plan(plan[0]["Plan"], "behind_heads"))
                if n.get("Relation Name") == "connector_work_items"}
