@@ -657,35 +657,34 @@ def test_a_claim_takes_its_candidates_in_claim_order_whatever_their_target_lanes
     assert sorted(i.source_lane_key for i in first) == sorted(f"f{i}" for i in range(10)), first
 
 
+def _served_parked_lanes(conn, reg, *, lanes: int, items: int, claims_run: int, batch: int) -> list[list]:
+    """Parks `items` items (each its own source lane's head) in each of `lanes` target lanes
+    (t000, t001, ...), then runs `claims_run` claims of `batch`, completing each: the (target
+    lane, item number) pairs each took."""
+    enqueue(conn, reg, [NewWork(f"t{k:03d}x{j}-{reg}", "t", source_lane_key=f"s{k:03d}x{j}",
+                                target_lane_key=f"t{k:03d}") for j in range(items) for k in range(lanes)])
+    conn.execute("UPDATE connector_work_items SET parked = true WHERE registration_id = %s", (reg,))
+    served = []
+    for _ in range(claims_run):
+        got = claim(conn, reg, batch)
+        claims.complete(conn, [i.fence for i in got])
+        served.append(sorted((i.target_lane_key, int(i.source_lane_key[-1])) for i in got))
+    return served
+
+
 def test_successive_claims_go_round_the_parked_lanes(control_conn, reg):
     """A claim takes the first items of at most PARKED_LANES parked lanes. Read from the first
     key on every claim, only the first PARKED_LANES lanes were served while they had items and
     the others waited; each claim reads them from just after the lane the last one reached."""
-    enqueue(control_conn, reg, [NewWork(f"t{k:03d}x{j}-{reg}", "t", source_lane_key=f"s{k:03d}x{j}",
-                                        target_lane_key=f"t{k:03d}")
-                                for j in range(4) for k in range(400)])
-    control_conn.execute("UPDATE connector_work_items SET parked = true WHERE registration_id = %s", (reg,))
-    served = []
-    for _ in range(8):
-        got = claim(control_conn, reg, 10)
-        claims.complete(control_conn, [i.fence for i in got])
-        served.append(sorted(i.target_lane_key for i in got))
-    assert served == [[f"t{k:03d}" for k in range(n * 10, n * 10 + 10)] for n in range(8)]
+    served = _served_parked_lanes(control_conn, reg, lanes=400, items=4, claims_run=8, batch=10)
+    assert served == [[(f"t{k:03d}", 0) for k in range(n * 10, n * 10 + 10)] for n in range(8)]
 
 
 def test_claims_go_round_the_parked_lanes_and_start_again_at_the_first_key(control_conn, reg):
     """More parked lanes than a claim reads: once past the last key the next claim reads from
-    the first again (read from the first key every time, the third claim read t00-t49 and took
-    the second items of t00-t09 before the first items of t50-t59)."""
-    enqueue(control_conn, reg, [NewWork(f"t{k:02d}x{j}-{reg}", "t", source_lane_key=f"s{k:02d}x{j}",
-                                        target_lane_key=f"t{k:02d}")
-                                for j in range(2) for k in range(60)])
-    control_conn.execute("UPDATE connector_work_items SET parked = true WHERE registration_id = %s", (reg,))
-    served = []
-    for _ in range(4):
-        got = claim(control_conn, reg, 20)
-        claims.complete(control_conn, [i.fence for i in got])
-        served.append(sorted((i.target_lane_key, i.source_lane_key[-1]) for i in got))
-    # the first items of t00-t59 twenty at a time, then round again: the second items of t00-t19
-    assert served == [[(f"t{k:02d}", "0") for k in range(n * 20, n * 20 + 20)] for n in range(3)] \
-        + [[(f"t{k:02d}", "1") for k in range(20)]]
+    the first again (read from the first key every time, the third claim read t000-t049 and took
+    the second items of t000-t009 before the first items of t050-t059)."""
+    served = _served_parked_lanes(control_conn, reg, lanes=60, items=2, claims_run=4, batch=20)
+    # the first items of t000-t059 twenty at a time, then round again: the second items of t000-t019
+    assert served == [[(f"t{k:03d}", 0) for k in range(n * 20, n * 20 + 20)] for n in range(3)] \
+        + [[(f"t{k:03d}", 1) for k in range(20)]]
