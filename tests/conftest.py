@@ -72,25 +72,42 @@ def new_database(pg_admin_dsn: str, template: str | None) -> str:
     return name
 
 
+def _database_while_held(pg_admin_dsn: str, template: str | None) -> Iterator[str]:
+    """The DSN of a fresh database (a copy of `template`, or empty), dropped after the fixture."""
+    name = new_database(pg_admin_dsn, template)
+    yield with_database(pg_admin_dsn, name)
+    drop_database(pg_admin_dsn, name)
+
+
 @pytest.fixture(scope="module")
 def control_dsn(pg_admin_dsn: str, pg_template: str) -> Iterator[str]:
     """A fresh, fully migrated control-plane database for this test module."""
-    name = new_database(pg_admin_dsn, pg_template)
-    yield with_database(pg_admin_dsn, name)
-    drop_database(pg_admin_dsn, name)
+    yield from _database_while_held(pg_admin_dsn, pg_template)
 
 
 @pytest.fixture
 def empty_dsn(pg_admin_dsn: str) -> Iterator[str]:
     """A fresh database with no migrations applied, for migration tests."""
-    name = new_database(pg_admin_dsn, None)
-    yield with_database(pg_admin_dsn, name)
-    drop_database(pg_admin_dsn, name)
+    yield from _database_while_held(pg_admin_dsn, None)
 
 
 @pytest.fixture
 def control_conn(control_dsn: str) -> Iterator[psycopg.Connection]:
     with connect(control_dsn) as conn:
+        yield conn
+
+
+@pytest.fixture
+def own_dsn(pg_admin_dsn: str, pg_template: str) -> Iterator[str]:
+    """A fresh, fully migrated control-plane database for one test: a test whose plans follow
+    the statistics it takes (ANALYZE) sees only its own rows in them, not what the other tests
+    of its module left in the module's database."""
+    yield from _database_while_held(pg_admin_dsn, pg_template)
+
+
+@pytest.fixture
+def own_conn(own_dsn: str) -> Iterator[psycopg.Connection]:
+    with connect(own_dsn) as conn:
         yield conn
 
 

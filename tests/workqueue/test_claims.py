@@ -357,38 +357,38 @@ def test_an_item_reclaimed_before_its_holder_started_it_is_recorded_unstarted(co
 # --- claim cost ----------------------------------------------------------------------------
 
 
-def test_claim_cost_does_not_follow_due_items_the_statistics_missed(control_conn, reg):
+def test_claim_cost_does_not_follow_due_items_the_statistics_missed(own_conn, reg):
     """Statistics taken while every item was finished (a queue between bursts) must not
     let the claim's compare-and-swap walk every due item: it looks up its picks by key."""
-    with control_conn.transaction():
-        enqueue(control_conn, reg, [NewWork(f"old{i}-{reg}", "t", source_lane_key=f"o{i}", target_lane_key=f"o{i}")
+    with own_conn.transaction():
+        enqueue(own_conn, reg, [NewWork(f"old{i}-{reg}", "t", source_lane_key=f"o{i}", target_lane_key=f"o{i}")
                                     for i in range(2000)])
-        control_conn.execute("UPDATE connector_work_items SET state = 'completed', finished_at = now()"
+        own_conn.execute("UPDATE connector_work_items SET state = 'completed', finished_at = now()"
                              " WHERE registration_id = %s", (reg,))
-        control_conn.execute("ANALYZE connector_work_items")
-        enqueue(control_conn, reg, [NewWork(f"new{i}-{reg}", "t", source_lane_key=f"n{i}", target_lane_key=f"n{i}")
+        own_conn.execute("ANALYZE connector_work_items")
+        enqueue(own_conn, reg, [NewWork(f"new{i}-{reg}", "t", source_lane_key=f"n{i}", target_lane_key=f"n{i}")
                                     for i in range(2000)])
         # due by the transaction's clock (now() is its start)
-        control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s"
+        own_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s"
                              " AND state = 'pending'", (reg,))
-        plan = claim_plan(control_conn, reg, 10)
+        plan = claim_plan(own_conn, reg, 10)
         assert plan["Actual Rows"] == 10 and work_item_rows_read(plan) <= 100, plan
         raise psycopg.Rollback()
 
 
-def test_a_claim_walks_its_due_items_in_order_on_an_analyzed_full_queue(control_conn, reg):
+def test_a_claim_walks_its_due_items_in_order_on_an_analyzed_full_queue(own_conn, reg):
     """A full queue whose statistics know it (a backlog of many lanes, a few items each,
     analyzed): the walk reads the due index in claim order up to what it takes, instead of
     reading and sorting every due item (which a planner estimate of how few items are
     source lane heads made look cheaper)."""
-    with control_conn.transaction():
-        enqueue(control_conn, reg, [NewWork(f"k{i}-{reg}", "t", source_lane_key=f"s{i % 200}",
+    with own_conn.transaction():
+        enqueue(own_conn, reg, [NewWork(f"k{i}-{reg}", "t", source_lane_key=f"s{i % 200}",
                                             target_lane_key=f"t{(7 * (i % 200) + i // 200) % 200}")
                                     for i in range(4000)])
         # due by the transaction's clock (now() is its start)
-        control_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s", (reg,))
-        control_conn.execute("ANALYZE connector_work_items")
-        plan = claim_plan(control_conn, reg, 100, seqscan=True)
+        own_conn.execute("UPDATE connector_work_items SET run_after = now() WHERE registration_id = %s", (reg,))
+        own_conn.execute("ANALYZE connector_work_items")
+        plan = claim_plan(own_conn, reg, 100, seqscan=True)
         assert plan["Actual Rows"] == 100 and work_item_rows_read(plan) <= 1000, work_item_rows_read(plan)
         raise psycopg.Rollback()
 
@@ -406,30 +406,30 @@ def test_a_large_claim_holds_at_most_the_lock_cap(control_conn, reg):
     assert len(rest) == 600 - len(first)
 
 
-def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(control_conn, reg):
+def test_a_hot_target_lane_backlog_is_not_walked_by_every_claim(own_conn, reg):
     """The backlog of a busy target lane sits at the front of the claim order; claims park
     it once instead of walking it each time, and the lane's items still run, in order, one
     at a time."""
     hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(300)]
-    enqueue(control_conn, reg, hot + [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"o{i}") for i in range(20)])
-    (first,) = claim(control_conn, reg, 1)  # the hot lane is busy from now on
+    enqueue(own_conn, reg, hot + [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"o{i}") for i in range(20)])
+    (first,) = claim(own_conn, reg, 1)  # the hot lane is busy from now on
     others = []
     for _ in range(40):
-        others += claim(control_conn, reg, 10)
+        others += claim(own_conn, reg, 10)
     assert sorted(i.source_lane_key for i in others) == sorted(f"o{i}" for i in range(20))
-    enqueue(control_conn, reg, [NewWork(f"late{i}-{reg}", "t", source_lane_key=f"l{i}") for i in range(5)])
-    control_conn.execute("ANALYZE connector_work_items")
-    with control_conn.transaction():
-        plan = claim_plan(control_conn, reg, 10)
+    enqueue(own_conn, reg, [NewWork(f"late{i}-{reg}", "t", source_lane_key=f"l{i}") for i in range(5)])
+    own_conn.execute("ANALYZE connector_work_items")
+    with own_conn.transaction():
+        plan = claim_plan(own_conn, reg, 10)
         assert plan["Actual Rows"] == 5 and work_item_rows_read(plan) <= 60, plan
         raise psycopg.Rollback()
-    hot_ids = sorted(w for (w,) in control_conn.execute(
+    hot_ids = sorted(w for (w,) in own_conn.execute(
         "SELECT work_id FROM connector_work_items WHERE registration_id = %s AND target_lane_key = 'hot'", (reg,)))
     assert first.work_id == hot_ids[0]
     ran = [first]
     while len(ran) < 4:
-        claims.complete(control_conn, [ran[-1].fence])
-        got = [i for i in claim(control_conn, reg, 10) if i.target_lane_key == "hot"]
+        claims.complete(own_conn, [ran[-1].fence])
+        got = [i for i in claim(own_conn, reg, 10) if i.target_lane_key == "hot"]
         assert len(got) == 1
         ran += got
     assert [i.work_id for i in ran] == hot_ids[:4]
@@ -484,7 +484,7 @@ def test_a_claim_skips_a_busy_lane_another_claim_is_parking_instead_of_waiting(c
         assert other == [] and not isinstance(other, claims.LaneRaceLost)
 
 
-def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads(control_conn, control_dsn, reg):
+def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads(own_conn, own_dsn, reg):
     """The claim takes a parked lane's next item each time the lane frees up, and keeps its
     cached plan meanwhile (the statement that used to take them, together with the parking,
     was planned afresh on every call)."""
@@ -493,9 +493,9 @@ def test_the_claim_keeps_a_cached_generic_plan_while_it_takes_parked_lanes_heads
     hot = [NewWork(f"hot{i}-{reg}", "t", source_lane_key=f"h{i}", target_lane_key="hot") for i in range(10000)]
     others = [NewWork(f"o{i}-{reg}", "t", source_lane_key=f"s{i % 1000}", target_lane_key=f"t{(7 * i + i // 1000) % 1000}")
               for i in range(2000)]
-    enqueue(control_conn, reg, hot + others)
-    control_conn.execute("VACUUM ANALYZE connector_work_items")
-    with connect(control_dsn) as conn:  # its own prepared statements
+    enqueue(own_conn, reg, hot + others)
+    own_conn.execute("VACUUM ANALYZE connector_work_items")
+    with connect(own_dsn) as conn:  # its own prepared statements
         held = []
         for _ in range(60):  # as a drain does: each claim's items complete while the next claim runs
             got = claim(conn, reg, 100, with_payload=False)
