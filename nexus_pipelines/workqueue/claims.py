@@ -55,8 +55,8 @@ last claim reached, round to the first key) and takes it like any candidate, cle
 flag, in the same statement as the walk (`_CLAIM`, every call): a parked lane frees up
 after each of its items, so a statement of its own ran for every item of a hot lane. The
 walk reports the busy lanes it met; parking them (`_PARK`) is a statement of its own, run
-only then, so the claim keeps a cached plan (the parking's array parameters got every plan of a
-statement holding it planned afresh). A parked
+only then, so the claim keeps a cached plan (the parking's array parameters got every
+plan of a statement holding it planned afresh). A parked
 item stays pending (its source lane position, counts and gates are unchanged). A claim
 that parked or marked items but took none returns `LaneRaceLost`: due work remains. A
 lane's backlog beyond WALK_MAX unparked items is parked already when it is enqueued
@@ -312,6 +312,7 @@ _CANDIDATE_COLUMNS = ("work_id", "lease_token", "state", "registration_id", "rev
 
 
 def _candidate(alias: str | None = None) -> str:
+    """The candidate columns, as a select list (of `alias`'s, when given)."""
     return ", ".join(f"{alias}.{c}" if alias else c for c in _CANDIDATE_COLUMNS)
 
 
@@ -378,9 +379,9 @@ taken AS (
 # index probe per lane, a `min()` (a ring of key hashes, as the behind lanes have, needs an
 # `ORDER BY ... LIMIT 1` probe, which the planner costed the same as a bitmap scan and sort of
 # the generation's whole parked index when the statistics showed it nearly empty, and took),
-# read only as far as a statement reads them. Then the ones whose target lane runs nothing (the busy check as a
-# scalar subquery: one probe per parked lane, where an EXISTS would become a join reading
-# every running item).
+# read only as far as a statement reads them. Then the ones whose target lane runs nothing
+# (the busy check as a scalar subquery: one probe per parked lane, where an EXISTS would
+# become a join reading every running item).
 _PARKED_HOLDS = f"p.parked AND NOT p.behind AND p.state IN {sql_in(CLAIMABLE)}"
 
 # The parked lane each claim filter's last claim in this process reached: the next reads the
@@ -731,8 +732,8 @@ def claim_batch(
     if limit <= 0:
         return []
     scan = min(limit * max(scan_factor, 1), WALK_MAX)
-    ring_key = tuple(registration_ids or ())
     limit = min(limit, scan)
+    parked_key = tuple(registration_ids or ())
     params = {
         "owner": owner,
         "ttl": lease_ttl,
@@ -742,7 +743,7 @@ def claim_batch(
         "types": list(work_types or ()),
         "registrations": list(registration_ids or ()),
         "behind_start": random.getrandbits(64) - 2**63,  # a point of the lanes' hash ring
-        "parked_after": _PARKED_REACHED.get(ring_key, ""),
+        "parked_after": _PARKED_REACHED.get(parked_key, ""),
     }
     filters = (queue_classes is not None, work_types is not None, registration_ids is not None, with_payload)
     try:
@@ -751,7 +752,7 @@ def claim_batch(
         return LaneRaceLost()
     busy_registrations, busy_lanes, stuck, parked_reached = rows[0][-4:]
     if parked_reached is not None:
-        _PARKED_REACHED[ring_key] = parked_reached
+        _PARKED_REACHED[parked_key] = parked_reached
     items = _claimed(rows, with_payload)
     if not busy_lanes and not stuck:
         return items
